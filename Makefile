@@ -1,0 +1,42 @@
+# Two entry points for a fresh machine: `make serve` and `make test`.
+# Each creates .venv on first use and re-installs when pyproject.toml changes.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+HOST   ?= 127.0.0.1
+PORT   ?= 8080
+PYTEST_ARGS ?=
+
+.PHONY: serve test lint typecheck unit bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# The stamp records which extras were installed against which pyproject.toml.
+$(VENV)/.installed-serve: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[runtime]'
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+serve: $(VENV)/.installed-serve
+	$(BIN)/mocksandbox serve --host $(HOST) --port $(PORT)
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check mocksandbox tests contract_tests benchmarks
+	$(BIN)/ruff format --check mocksandbox
+
+typecheck: $(VENV)/.installed-test
+	$(BIN)/mypy
+
+test: lint typecheck
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: $(VENV)/.installed-test
+	$(BIN)/python benchmarks/bench_run_code.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

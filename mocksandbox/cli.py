@@ -1,0 +1,98 @@
+"""The ``mocksandbox`` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from mocksandbox import __version__
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from mocksandbox.core import MockSandbox
+    from mocksandbox.server import MockServer, is_loopback
+    from mocksandbox.settings import SettingsError, load_settings
+    from mocksandbox.web import create_app
+
+    try:
+        settings = load_settings(
+            args.config,
+            overrides={
+                "host": args.host,
+                "port": args.port,
+                "python": args.python,
+                "confinement": args.confinement,
+                "max_output_bytes": args.max_output_bytes,
+                "access_log": args.access_log or None,
+            },
+        )
+    except SettingsError as exc:
+        print(f"mocksandbox: {exc}", file=sys.stderr)
+        return 2
+    if not is_loopback(settings.host):
+        bar = "!" * 78
+        print(
+            f"{bar}\nWARNING: binding {settings.host}: mocksandbox runs any program it is sent, as "
+            f"this user, with no authentication.\nAnyone who can reach this address can run code "
+            f"on this machine. Bind 127.0.0.1 unless you mean it.\n{bar}",
+            file=sys.stderr,
+        )
+    try:
+        sandbox = MockSandbox.create(settings)
+    except OSError as exc:
+        print(f"mocksandbox: cannot set up execution: {exc}", file=sys.stderr)
+        return 2
+    try:
+        server = MockServer(settings.host, settings.port, create_app(sandbox), access_log=settings.access_log)
+    except OSError as exc:
+        sandbox.close()
+        print(
+            f"mocksandbox: cannot listen on {settings.host}:{settings.port}: {exc.strerror}", file=sys.stderr
+        )
+        return 2
+    print(f"mocksandbox {__version__} serving on {server.url}", flush=True)
+    print(f"  confinement: {sandbox.engine.confinement_name}", flush=True)
+    print(f"  user python: {settings.python}", flush=True)
+    print("  press Ctrl-C to stop", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        print("\nmocksandbox: stopping", flush=True)
+    finally:
+        server.server_close()
+        sandbox.close()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mocksandbox", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"mocksandbox {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run a SandboxFusion-compatible server in the foreground")
+    serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to bind (default 8080; 0 picks a free one)")
+    serve.add_argument("--config", metavar="FILE", help="settings file (.toml, .yaml or .json)")
+    serve.add_argument(
+        "--python", metavar="PATH", help="interpreter for user Python code (default: this one)"
+    )
+    serve.add_argument(
+        "--confinement",
+        choices=["auto", "cgroup", "process-group"],
+        help="how runs are confined (default auto: cgroups where writable)",
+    )
+    serve.add_argument("--max-output-bytes", type=int, metavar="N", help="cap per output stream")
+    serve.add_argument("--access-log", action="store_true", help="log each request line")
+    serve.set_defaults(handler=_serve)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``mocksandbox`` console script."""
+    args = build_parser().parse_args(argv)
+    return int(args.handler(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""Confining one run: every process it starts is bounded, and all of them die when it ends.
+
+Two implementations behind one small interface:
+
+* :class:`CgroupConfinement` (cgroup v1 ``pids``, ``memory`` and ``freezer``): a cgroup per run caps
+  its process count (a fork bomb hits ``pids.max``) and memory (a hog is OOM-killed, rc -9), and
+  lets the whole tree be frozen and killed, including children that called ``setsid`` or
+  double-forked. Works for root, which rlimits like ``RLIMIT_NPROC`` do not bind.
+* :class:`ProcessGroupConfinement`: a fallback where cgroups are not writable. Each run has its own
+  session and process group, which is killed as a group; descendants that left the group are found
+  through the process tree while their parent lives. Weaker, and said so at start-up.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Protocol
+
+import psutil
+
+_CGROUP_ROOT = Path("/sys/fs/cgroup")
+_CONTROLLERS = ("pids", "memory", "freezer")
+
+
+class RunJail(Protocol):
+    """The confinement of one run."""
+
+    def enter(self) -> None:
+        """Called in the child between fork and exec: join the confinement. Async-signal-safe work only."""
+
+    def kill_all(self) -> None:
+        """Kill every process of the run that is still alive and wait until they are gone."""
+
+    def close(self) -> None:
+        """Kill what is left and release the confinement. Idempotent."""
+
+
+class Confinement(Protocol):
+    """A factory of :class:`RunJail`, one per run."""
+
+    name: str
+
+    def new_jail(self, leader_hint: str) -> RunJail: ...
+
+    def describe(self) -> str: ...
+
+    def close(self) -> None: ...
+
+
+def _write(path: Path | bytes, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def _own_cgroup_path(controller: str) -> str:
+    """This process's cgroup path in ``controller`` (v1), e.g. ``/`` or ``/docker/abc``."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, names, path = line.split(":", 2)
+        if controller in names.split(","):
+            return path
+    raise OSError(errno.ENOENT, f"controller {controller} not mounted")
+
+
+class CgroupJail:
+    """One run's cgroups (one per controller)."""
+
+    def __init__(self, dirs: dict[str, Path], max_processes: int, max_memory_bytes: int) -> None:
+        self._dirs = dirs
+        self._closed = False
+        for directory in dirs.values():
+            directory.mkdir()
+        _write(dirs["pids"] / "pids.max", str(max_processes))
+        _write(dirs["memory"] / "memory.limit_in_bytes", str(max_memory_bytes))
+        memsw = dirs["memory"] / "memory.memsw.limit_in_bytes"
+        if memsw.exists():
+            try:
+                _write(memsw, str(max_memory_bytes))
+            except OSError:
+                pass  # swap accounting off: the plain memory limit still holds
+        # Precomputed so that enter() only makes raw system calls in the forked child.
+        self._procs_files = [os.fsencode(d / "cgroup.procs") for d in dirs.values()]
+
+    def enter(self) -> None:
+        pid = str(os.getpid()).encode()
+        for procs in self._procs_files:
+            fd = os.open(procs, os.O_WRONLY)
+            try:
+                os.write(fd, pid)
+            finally:
+                os.close(fd)
+
+    def _pids(self) -> list[int]:
+        try:
+            text = (self._dirs["freezer"] / "cgroup.procs").read_text()
+        except OSError:
+            return []
+        return [int(p) for p in text.split()]
+
+    def kill_all(self) -> None:
+        freezer = self._dirs["freezer"] / "freezer.state"
+        deadline = time.monotonic() + 10.0
+        while self._pids() and time.monotonic() < deadline:
+            # Freeze first so that nothing can fork while we kill: a fork bomb cannot outrun us.
+            try:
+                _write(freezer, "FROZEN")
+                freeze_deadline = time.monotonic() + 1.0
+                while freezer.read_text().strip() != "FROZEN" and time.monotonic() < freeze_deadline:
+                    time.sleep(0.001)
+            except OSError:
+                pass
+            for pid in self._pids():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            try:
+                _write(freezer, "THAWED")
+            except OSError:
+                pass
+            # Killed processes leave the cgroup as soon as they are thawed and die.
+            settle = time.monotonic() + 1.0
+            while self._pids() and time.monotonic() < settle:
+                time.sleep(0.001)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.kill_all()
+        for directory in self._dirs.values():
+            for _ in range(100):
+                try:
+                    directory.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.01)  # a dying task can keep the group busy for a moment
+        self._closed = True
+
+
+class CgroupConfinement:
+    """A cgroup per run under ``<own cgroup>/mocksandbox-<pid>`` in each v1 controller."""
+
+    name = "cgroup"
+
+    def __init__(self, max_processes: int, max_memory_mb: int) -> None:
+        self.max_processes = max_processes
+        self.max_memory_bytes = max_memory_mb * 1024 * 1024
+        self._counter = itertools.count()
+        self._lock = threading.Lock()
+        self._parents: dict[str, Path] = {}
+        for controller in _CONTROLLERS:
+            parent = (
+                _CGROUP_ROOT
+                / controller
+                / _own_cgroup_path(controller).lstrip("/")
+                / f"mocksandbox-{os.getpid()}"
+            )
+            parent.mkdir(exist_ok=True)
+            self._parents[controller] = parent
+        # Prove that a child group can be made, configured and removed before claiming to work.
+        self.new_jail("probe").close()
+
+    @classmethod
+    def available(cls) -> bool:
+        """Whether the v1 controllers are mounted and writable here."""
+        try:
+            return all(
+                os.access(_CGROUP_ROOT / c / _own_cgroup_path(c).lstrip("/"), os.W_OK) for c in _CONTROLLERS
+            )
+        except OSError:
+            return False
+
+    def new_jail(self, leader_hint: str) -> CgroupJail:
+        with self._lock:
+            run = f"run-{next(self._counter)}"
+        dirs = {c: self._parents[c] / run for c in _CONTROLLERS}
+        return CgroupJail(dirs, self.max_processes, self.max_memory_bytes)
+
+    def describe(self) -> str:
+        return (
+            f"cgroup v1 per run (pids.max={self.max_processes}, "
+            f"memory={self.max_memory_bytes // (1024 * 1024)} MiB, freezer kill)"
+        )
+
+    def close(self) -> None:
+        for parent in self._parents.values():
+            for child in parent.glob("run-*"):
+                try:
+                    child.rmdir()
+                except OSError:
+                    pass
+            try:
+                parent.rmdir()
+            except OSError:
+                pass
+
+
+class ProcessGroupJail:
+    """Kills the run's session/process group and every descendant still reachable."""
+
+    def __init__(self) -> None:
+        self.leader_pid: int | None = None
+        self._known: dict[int, psutil.Process] = {}
+
+    def enter(self) -> None:
+        return None  # start_new_session already made the child a group leader
+
+    def attach(self, pid: int) -> None:
+        self.leader_pid = pid
+
+    def _snapshot(self) -> None:
+        if self.leader_pid is None:
+            return
+        try:
+            leader = psutil.Process(self.leader_pid)
+            for proc in [leader, *leader.children(recursive=True)]:
+                self._known.setdefault(proc.pid, proc)
+        except psutil.Error:
+            pass
+
+    def kill_all(self) -> None:
+        if self.leader_pid is None:
+            return
+        self._snapshot()
+        try:
+            os.killpg(self.leader_pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for proc in self._known.values():
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+
+    def close(self) -> None:
+        self.kill_all()
+
+
+class ProcessGroupConfinement:
+    """Fallback when cgroups are not writable: process groups, the process tree and rlimits."""
+
+    name = "process-group"
+
+    def new_jail(self, leader_hint: str) -> ProcessGroupJail:
+        return ProcessGroupJail()
+
+    def describe(self) -> str:
+        return "process group per run (no cgroups: fork bombs and memory are bounded only by rlimits)"
+
+    def close(self) -> None:
+        return None
+
+
+def create_confinement(mode: str, max_processes: int, max_memory_mb: int) -> Confinement:
+    """The confinement ``mode`` asks for; ``auto`` takes cgroups when this host allows them."""
+    if mode in ("auto", "cgroup"):
+        if CgroupConfinement.available():
+            try:
+                return CgroupConfinement(max_processes, max_memory_mb)
+            except OSError:
+                if mode == "cgroup":
+                    raise
+        elif mode == "cgroup":
+            raise OSError(errno.EACCES, "cgroup v1 pids/memory/freezer controllers are not writable here")
+    return ProcessGroupConfinement()

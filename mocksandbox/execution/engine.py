@@ -1,0 +1,228 @@
+"""The execution engine: one /run_code request from temp dir to response, no HTTP in here."""
+
+from __future__ import annotations
+
+import base64
+import os
+import shlex
+import shutil
+import tempfile
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Protocol
+
+from mocksandbox.execution.confinement import Confinement, create_confinement
+from mocksandbox.execution.languages import LANGUAGES, LanguageSpec, find_scala_object_name
+from mocksandbox.execution.process import CommandSpec, ProcessRunner
+from mocksandbox.models import (
+    CommandRunResult,
+    CommandRunStatus,
+    RunCodeRequest,
+    RunCodeResponse,
+    RunStatus,
+    derive_run_status,
+)
+from mocksandbox.settings import Settings
+
+#: Variables of the server's environment that must not steer a user's program (a pytest run inside
+#: a test suite would otherwise inherit the suite's PYTEST_ADDOPTS, xdist worker ids and so on).
+_HIDDEN_ENV_PREFIXES = ("PYTEST_", "MOCKSANDBOX_")
+
+
+class CommandRunner(Protocol):
+    """What the engine needs from a runner; tests can pass a fake, faults can wrap the real one."""
+
+    def run(self, spec: CommandSpec) -> CommandRunResult: ...
+
+
+class ExecutionEngine:
+    """Runs /run_code requests: temp dir, files, compile step, run step, fetched files."""
+
+    def __init__(self, settings: Settings, runner: CommandRunner, confinement_name: str = "") -> None:
+        self.settings = settings
+        self.runner = runner
+        self.confinement_name = confinement_name
+        self._base_env = {k: v for k, v in os.environ.items() if not k.startswith(_HIDDEN_ENV_PREFIXES)}
+        python_dir = str(Path(settings.python).parent)
+        self._python_env = {
+            **self._base_env,
+            "PATH": f"{python_dir}:{self._base_env.get('PATH', os.defpath)}",
+        }
+        self._cpp_flags: list[str] | None = None
+        self._cpp_flags_lock = threading.Lock()
+
+    # -- public API ---------------------------------------------------------------------------
+
+    def run_code(self, request: RunCodeRequest) -> RunCodeResponse:
+        """Answer one validated request as SandboxFusion would; never raises."""
+        response = RunCodeResponse(
+            status=RunStatus.Success, message="", executor_pod_name=self.settings.pod_name
+        )
+        try:
+            spec = LANGUAGES[request.language]
+            compile_result, run_result, files = self._run(spec, request)
+        except Exception as exc:
+            # SandboxFusion's handler turns any exception into this message; the trailing " None"
+            # is the return value of traceback.print_tb that it interpolates.
+            response.status = RunStatus.SandboxError
+            response.message = f"exception on running code {request.code}: {exc} None"
+            return response
+        response.compile_result = compile_result
+        response.run_result = run_result
+        response.files = files
+        status, message = derive_run_status(compile_result, run_result)
+        response.status = status
+        if status == RunStatus.SandboxError:
+            response.message = message
+        return response
+
+    # -- steps --------------------------------------------------------------------------------
+
+    def _run(
+        self, spec: LanguageSpec, request: RunCodeRequest
+    ) -> tuple[CommandRunResult | None, CommandRunResult | None, dict[str, str]]:
+        # Values are shell-quoted here, once; templates are our own text (languages.py).
+        placeholders: dict[str, str] = {"python": shlex.quote(self.settings.python)}
+        if "object_name" in spec.needs:
+            object_name = find_scala_object_name(request.code)
+            if not object_name:
+                error = CommandRunResult(
+                    status=CommandRunStatus.Error, return_code=1, stderr="Object name not found."
+                )
+                return error, None, {}
+            placeholders["object_name"] = shlex.quote(object_name)
+        if "cpp_flags" in spec.needs:
+            placeholders["cpp_flags"] = " ".join(map(shlex.quote, self._detect_cpp_flags()))
+
+        workdir = tempfile.mkdtemp(dir=self.settings.tmp_root)
+        try:
+            if spec.restores_files:
+                restore_files(workdir, request.files)
+            code_path = self._write_code(workdir, spec, request.code)
+            placeholders.update(file=shlex.quote(code_path), dir=shlex.quote(workdir))
+            env = self._python_env if spec.python_env else self._base_env
+
+            if spec.setup_command is not None:
+                self._command(
+                    spec.setup_command, placeholders, workdir, env, None, request.compile_timeout, -1
+                )
+            compile_result = None
+            if spec.compile_command is not None:
+                compile_result = self._command(
+                    spec.compile_command,
+                    placeholders,
+                    workdir,
+                    env,
+                    None,
+                    request.compile_timeout,
+                    request.memory_limit_MB,
+                )
+            run_result = None
+            if compile_result is None or (
+                compile_result.status == CommandRunStatus.Finished and compile_result.return_code == 0
+            ):
+                run_result = self._command(
+                    spec.run_command,
+                    placeholders,
+                    workdir,
+                    env,
+                    request.stdin,
+                    request.run_timeout,
+                    request.memory_limit_MB,
+                )
+            return compile_result, run_result, fetch_files(workdir, request.fetch_files)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    def _command(
+        self,
+        template: str,
+        placeholders: Mapping[str, str],
+        cwd: str,
+        env: Mapping[str, str],
+        stdin: str | None,
+        timeout: float,
+        memory_limit_mb: int,
+    ) -> CommandRunResult:
+        command = template.format_map(placeholders)
+        try:
+            stdin_bytes = None if stdin is None else stdin.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return CommandRunResult(
+                status=CommandRunStatus.Error, stderr=f"exception on running command {command}: {exc} | None"
+            )
+        return self.runner.run(
+            CommandSpec(
+                command=command,
+                cwd=cwd,
+                env=env,
+                stdin=stdin_bytes,
+                timeout=min(timeout, self.settings.max_timeout_s),
+                memory_limit_mb=memory_limit_mb,
+            )
+        )
+
+    @staticmethod
+    def _write_code(workdir: str, spec: LanguageSpec, code: str) -> str:
+        if spec.prepare_code is not None:
+            code = spec.prepare_code(code)
+        if spec.file_name is not None:
+            path = os.path.join(workdir, spec.file_name)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        else:
+            fd, path = tempfile.mkstemp(suffix=spec.suffix, dir=workdir, text=True)
+        with open(fd, "w", encoding="utf-8") as handle:
+            handle.write(code)
+        return path
+
+    def _detect_cpp_flags(self) -> list[str]:
+        """Which of SandboxFusion's optional link flags work with this host's g++ (probed once)."""
+        with self._cpp_flags_lock:
+            if self._cpp_flags is None:
+                flags: list[str] = []
+                workdir = tempfile.mkdtemp(dir=self.settings.tmp_root)
+                try:
+                    source = os.path.join(workdir, "probe.cpp")
+                    Path(source).write_text("int main() {return 0;}")
+                    for flag in ("-lcrypto", "-lssl", "-lpthread"):
+                        result = self.runner.run(
+                            CommandSpec(f"g++ {source} -o test {flag}", workdir, self._base_env, None, 60.0)
+                        )
+                        if result.status == CommandRunStatus.Finished and result.return_code == 0:
+                            flags.append(flag)
+                finally:
+                    shutil.rmtree(workdir, ignore_errors=True)
+                self._cpp_flags = flags
+            return self._cpp_flags
+
+
+def restore_files(workdir: str, files: Mapping[str, str | None]) -> None:
+    """Write ``files`` as SandboxFusion does: relative to ``workdir`` (absolute paths honoured),
+    parents created, ``null`` values and names containing ``IGNORE_THIS_FILE`` skipped.
+    Bad base64 raises ``binascii.Error``, which becomes a SandboxError."""
+    for name, content in files.items():
+        if not isinstance(content, str) or "IGNORE_THIS_FILE" in name:
+            continue
+        path = os.path.join(workdir, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as handle:
+            handle.write(base64.b64decode(content))
+
+
+def fetch_files(workdir: str, names: list[str]) -> dict[str, str]:
+    """Regular files among ``names``, base64-encoded and keyed by the exact string asked for."""
+    fetched: dict[str, str] = {}
+    for name in names:
+        path = os.path.abspath(os.path.join(workdir, name))
+        if os.path.isfile(path):
+            with open(path, "rb") as handle:
+                fetched[name] = base64.b64encode(handle.read()).decode("ascii")
+    return fetched
+
+
+def create_engine(settings: Settings) -> tuple[ExecutionEngine, Confinement]:
+    """The real engine: subprocesses confined as the host allows."""
+    confinement = create_confinement(settings.confinement, settings.max_processes, settings.max_memory_mb)
+    runner = ProcessRunner(confinement, settings.max_output_bytes)
+    return ExecutionEngine(settings, runner, confinement.describe()), confinement

@@ -1,0 +1,81 @@
+"""Serve the app on a real socket: in a background thread (tests, fixtures) or in the foreground."""
+
+from __future__ import annotations
+
+import ipaddress
+import threading
+from typing import Any
+
+from werkzeug.serving import ThreadedWSGIServer, WSGIRequestHandler
+
+from mocksandbox.core import MockSandbox
+from mocksandbox.web import create_app
+
+#: Pending connections the kernel holds for us; verl's client opens 32+ at once.
+LISTEN_BACKLOG = 1024
+
+
+class _RequestHandler(WSGIRequestHandler):
+    """werkzeug's handler, logging request lines only when asked to."""
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        if getattr(self.server, "access_log", False):
+            super().log_request(code, size)
+
+
+class MockServer(ThreadedWSGIServer):
+    """A thread per request (no cap on requests in flight) and a deep listen backlog."""
+
+    request_queue_size = LISTEN_BACKLOG
+    daemon_threads = True
+
+    def __init__(self, host: str, port: int, app: Any, access_log: bool = False) -> None:
+        super().__init__(host, port, app, handler=_RequestHandler)
+        self.access_log = access_log
+
+    @property
+    def url(self) -> str:
+        host = str(self.server_address[0])
+        shown = f"[{host}]" if ":" in host else host
+        return f"http://{shown}:{self.server_port}"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names only this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class ServerThread:
+    """A :class:`MockServer` for ``sandbox`` running in a daemon thread; port 0 picks a free port."""
+
+    def __init__(self, sandbox: MockSandbox, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.sandbox = sandbox
+        self.server = MockServer(host, port, create_app(sandbox), access_log=sandbox.settings.access_log)
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, name="mocksandbox-server", daemon=True
+        )
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def start(self) -> ServerThread:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop accepting requests and close the socket."""
+        self.server.shutdown()
+        self._thread.join(timeout=10)
+        self.server.server_close()
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

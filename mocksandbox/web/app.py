@@ -1,0 +1,46 @@
+"""The Flask app factory. Views are thin; every error becomes JSON in one place."""
+
+from __future__ import annotations
+
+import traceback
+
+from flask import Flask, Response
+from werkzeug.exceptions import HTTPException
+
+from mocksandbox.core import MockSandbox
+from mocksandbox.web import sandbox_api
+from mocksandbox.web.responses import json_response
+from mocksandbox.web.validation import BodyParseError, RequestValidationError
+
+
+def create_app(sandbox: MockSandbox) -> Flask:
+    """A WSGI app serving ``sandbox`` with SandboxFusion's routes and error shapes."""
+    app = Flask("mocksandbox")
+    app.extensions["mocksandbox"] = sandbox
+    app.url_map.strict_slashes = True
+    app.register_blueprint(sandbox_api.blueprint)
+
+    @app.errorhandler(RequestValidationError)
+    def _validation_error(exc: RequestValidationError) -> Response:
+        return json_response({"detail": exc.detail}, status=422)
+
+    @app.errorhandler(BodyParseError)
+    def _body_parse_error(exc: BodyParseError) -> Response:
+        return json_response({"detail": "There was an error parsing the body"}, status=400)
+
+    @app.errorhandler(HTTPException)
+    def _http_error(exc: HTTPException) -> Response:
+        # FastAPI words these as Starlette's phrases: {"detail": "Not Found"}, "Method Not Allowed".
+        headers = {}
+        if exc.code == 405 and exc.valid_methods:  # type: ignore[attr-defined]
+            headers["Allow"] = ", ".join(exc.valid_methods)  # type: ignore[attr-defined]
+        return json_response({"detail": exc.name}, status=exc.code or 500, headers=headers)
+
+    @app.errorhandler(Exception)
+    def _unexpected(exc: Exception) -> Response:
+        # SandboxFusion's global handler: 500 with the message and the traceback lines.
+        lines = traceback.format_exception(exc)
+        detail_lines = [line.rstrip("\n") for chunk in lines for line in chunk.splitlines()]
+        return json_response({"detail": str(exc), "traceback": detail_lines}, status=500)
+
+    return app
