@@ -1,0 +1,200 @@
+"""Hostile programs: each gets its right status, the server stays up, nothing is left behind."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from mocksandbox.core import MockSandbox
+from mocksandbox.models import CommandRunStatus, RunCodeRequest, RunCodeResponse, RunStatus
+
+
+def run(sandbox: MockSandbox, code: str, language: str = "python", **fields: object) -> RunCodeResponse:
+    return sandbox.engine.run_code(RunCodeRequest(code=code, language=language, **fields))  # type: ignore[arg-type]
+
+
+def needs_cgroup(sandbox: MockSandbox, why: str) -> None:
+    """Skip a case that only per-run cgroups can handle (e.g. fork bombs run as root)."""
+    if sandbox.confinement.name != "cgroup":
+        pytest.skip(f"process-group confinement cannot {why}; cgroups can")
+
+
+def processes_with(marker: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if any(marker in part for part in proc.info["cmdline"] or []):
+            found.append(proc)
+    return found
+
+
+def wait_gone(marker: str, within: float = 5.0) -> list[psutil.Process]:
+    """Processes still carrying ``marker`` after the kernel had ``within`` seconds to reap them."""
+    deadline = time.monotonic() + within
+    while (alive := processes_with(marker)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive
+
+
+@pytest.fixture(autouse=True)
+def nothing_left(sandbox: MockSandbox, runs_dir: Path):
+    yield
+    # The server still answers, and every temp dir of the test's runs is gone.
+    assert run(sandbox, "print('alive')").run_result.stdout == "alive\n"  # type: ignore[union-attr]
+    assert list(runs_dir.iterdir()) == []
+    assert psutil.Process().children(recursive=True) == []
+    # Python programs carry their code file's path (inside runs_dir) on their command line.
+    assert wait_gone(str(runs_dir)) == []
+
+
+def test_fork_bomb_is_contained(sandbox: MockSandbox) -> None:
+    needs_cgroup(sandbox, "bound the process count of a program running as root")
+    code = "import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(0.01)\n"
+    result = run(sandbox, code, run_timeout=2)
+    assert result.status == RunStatus.Failed
+    assert result.run_result is not None
+    assert result.run_result.status == CommandRunStatus.TimeLimitExceeded
+
+
+def test_shell_fork_bomb_dies_with_its_run(sandbox: MockSandbox) -> None:
+    needs_cgroup(sandbox, "bound the process count of a program running as root")
+    marker = f"{uuid.uuid4().int % 10**6}"
+    result = run(
+        sandbox, f"b(){{ sleep 0.{marker}; b|b& }}; b; echo launched", language="bash", run_timeout=2
+    )
+    assert result.run_result is not None
+    assert result.run_result.stdout == "launched\n"
+    assert wait_gone(f"0.{marker}") == []
+
+
+def test_memory_hog_is_killed(sandbox: MockSandbox) -> None:
+    needs_cgroup(sandbox, "bound memory without a memory_limit_MB")
+    code = "x = []\nwhile True:\n    x.append(bytearray(64 * 1024 * 1024))\n"
+    result = run(sandbox, code, run_timeout=60)
+    assert result.status == RunStatus.Failed
+    assert result.run_result is not None
+    # Confined by cgroup: the kernel's OOM killer (-9); by rlimits only: a MemoryError (rc 1).
+    assert result.run_result.return_code in (-9, 1)
+
+
+def test_memory_limit_mb_gives_memory_error(sandbox: MockSandbox) -> None:
+    result = run(sandbox, "x = bytearray(300 * 1024 * 1024)", memory_limit_MB=200)
+    assert result.run_result is not None
+    assert result.run_result.return_code == 1
+    assert "MemoryError" in (result.run_result.stderr or "")
+
+
+def test_output_flood_is_capped_and_times_out(sandbox: MockSandbox) -> None:
+    cap = sandbox.settings.max_output_bytes
+    result = run(sandbox, "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n", run_timeout=1)
+    assert result.run_result is not None
+    assert result.run_result.status == CommandRunStatus.TimeLimitExceeded
+    assert result.run_result.stdout == "x" * cap
+
+
+def test_large_output_comes_back_complete(sandbox: MockSandbox) -> None:
+    # SandboxFusion blocks on a full pipe from ~480 KB on; we drain while the program runs.
+    size = 3 * 1024 * 1024
+    result = run(sandbox, f"import sys\nsys.stdout.write('y' * {size})\nsys.stderr.write('z' * {size})")
+    assert result.status == RunStatus.Success
+    assert result.run_result is not None
+    assert result.run_result.stdout == "y" * size
+    assert result.run_result.stderr == "z" * size
+
+
+def test_output_cap_does_not_split_a_character(sandbox: MockSandbox) -> None:
+    cap = sandbox.settings.max_output_bytes
+    # One ASCII byte first so that the cap falls inside a 3-byte character.
+    result = run(sandbox, f"import sys\nsys.stdout.write('a' + '€' * {cap // 3 + 10})")
+    assert result.run_result is not None
+    stdout = result.run_result.stdout or ""
+    assert not stdout.startswith("[DecodeError]")
+    assert stdout == "a" + "€" * ((cap - 1) // 3)
+
+
+def test_child_holding_the_pipe_does_not_hold_the_answer(sandbox: MockSandbox) -> None:
+    marker = f"{uuid.uuid4().int % 10**6}"
+    code = f"import subprocess\nsubprocess.Popen(['sleep', '30.{marker}'])\nprint('parent done')"
+    result = run(sandbox, code)
+    assert result.status == RunStatus.Success
+    assert result.run_result is not None
+    assert result.run_result.stdout == "parent done\n"
+    assert wait_gone(f"30.{marker}") == []
+
+
+def test_orphan_that_left_the_session_is_killed(sandbox: MockSandbox) -> None:
+    needs_cgroup(sandbox, "find a process that left the session after its parent exited")
+    marker = f"{uuid.uuid4().int % 10**6}"
+    code = (
+        "import os, subprocess\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        f"        subprocess.Popen(['sleep', '40.{marker}'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        "    os._exit(0)\n"
+        "import time; time.sleep(0.2)\n"
+        "print('bye')\n"
+    )
+    result = run(sandbox, code)
+    assert result.run_result is not None
+    assert result.run_result.stdout == "bye\n"
+    assert wait_gone(f"40.{marker}") == []
+
+
+def test_background_job_in_bash_is_killed(sandbox: MockSandbox) -> None:
+    marker = f"{uuid.uuid4().int % 10**6}"
+    result = run(sandbox, f"sleep 31.{marker} &\necho started", language="bash")
+    assert result.status == RunStatus.Success
+    assert wait_gone(f"31.{marker}") == []
+
+
+def test_program_that_kills_its_parent(sandbox: MockSandbox) -> None:
+    code = (
+        "import os, signal, time\nos.kill(os.getppid(), signal.SIGKILL)\ntime.sleep(1)\nprint('not reached')"
+    )
+    result = run(sandbox, code)
+    assert result.status == RunStatus.Failed
+    assert result.run_result is not None
+    assert result.run_result.return_code == -9
+    assert os.getpid() > 0  # we are still here to say so
+
+
+def test_program_that_kills_its_process_group(sandbox: MockSandbox) -> None:
+    result = run(sandbox, "import os, signal\nos.killpg(0, signal.SIGKILL)")
+    assert result.run_result is not None
+    assert result.run_result.return_code == -9
+
+
+def test_program_that_closes_its_output(sandbox: MockSandbox) -> None:
+    code = "import os, time\nprint('early', flush=True)\nos.close(1)\nos.close(2)\ntime.sleep(0.2)\n"
+    result = run(sandbox, code)
+    assert result.status == RunStatus.Success
+    assert result.run_result is not None
+    assert result.run_result.stdout == "early\n"
+
+
+def test_program_that_never_reads_a_large_stdin(sandbox: MockSandbox) -> None:
+    result = run(sandbox, "print('ignored stdin')", stdin="z" * 5_000_000)
+    assert result.status == RunStatus.Success
+    assert result.run_result is not None
+    assert result.run_result.stdout == "ignored stdin\n"
+
+
+def test_large_stdin_is_delivered_whole(sandbox: MockSandbox) -> None:
+    result = run(sandbox, "import sys\nprint(len(sys.stdin.read()))", stdin="z" * 5_000_000)
+    assert result.run_result is not None
+    assert result.run_result.stdout == "5000000\n"
+
+
+def test_timeout_kills_the_whole_tree(sandbox: MockSandbox) -> None:
+    marker = f"{uuid.uuid4().int % 10**6}"
+    code = f"import subprocess, time\nsubprocess.Popen(['sleep', '50.{marker}'])\ntime.sleep(30)"
+    result = run(sandbox, code, run_timeout=0.5)
+    assert result.run_result is not None
+    assert result.run_result.status == CommandRunStatus.TimeLimitExceeded
+    assert result.run_result.return_code is None
+    assert wait_gone(f"50.{marker}") == []
