@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -25,11 +26,18 @@ def _serve(args: argparse.Namespace) -> int:
                 "confinement": args.confinement,
                 "max_output_bytes": args.max_output_bytes,
                 "access_log": args.access_log or None,
+                "faults_file": args.faults,
+                "max_in_flight": args.max_in_flight,
+                "overload": args.overload,
+                "queue_timeout_s": args.queue_timeout,
+                "control_api": False if args.no_control_api else None,
             },
         )
     except SettingsError as exc:
         print(f"mocksandbox: {exc}", file=sys.stderr)
         return 2
+    from mocksandbox.faults import FaultError
+
     if not is_loopback(settings.host):
         bar = "!" * 78
         print(
@@ -40,6 +48,9 @@ def _serve(args: argparse.Namespace) -> int:
         )
     try:
         sandbox = MockSandbox.create(settings)
+    except FaultError as exc:
+        print(f"mocksandbox: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"mocksandbox: cannot set up execution: {exc}", file=sys.stderr)
         return 2
@@ -54,15 +65,28 @@ def _serve(args: argparse.Namespace) -> int:
     print(f"mocksandbox {__version__} serving on {server.url}", flush=True)
     print(f"  confinement: {sandbox.engine.confinement_name}", flush=True)
     print(f"  user python: {settings.python}", flush=True)
+    if settings.max_in_flight:
+        print(f"  cap: {settings.max_in_flight} in flight, then {settings.overload}", flush=True)
+    if sandbox.faults.rules():
+        print(f"  faults: {len(sandbox.faults.rules())} rule(s) active", flush=True)
+    print(f"  control API: {'/_mock/' if settings.control_api else 'off'}", flush=True)
     print("  press Ctrl-C to stop", flush=True)
+    # Stop the same clean way on Ctrl-C and on SIGTERM (and even when started with SIGINT ignored).
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        server.serve_forever()
+        server.serve_forever()  # werkzeug's returns quietly on KeyboardInterrupt
     except KeyboardInterrupt:
-        print("\nmocksandbox: stopping", flush=True)
+        pass
     finally:
+        print("\nmocksandbox: stopping", flush=True)
         server.server_close()
         sandbox.close()
     return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,6 +108,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--max-output-bytes", type=int, metavar="N", help="cap per output stream")
     serve.add_argument("--access-log", action="store_true", help="log each request line")
+    serve.add_argument("--faults", metavar="FILE", help="fault rules to apply (.json, .yaml or .toml)")
+    serve.add_argument(
+        "--max-in-flight",
+        type=int,
+        metavar="K",
+        help="answer requests beyond K at once with 429 (or queue them)",
+    )
+    serve.add_argument(
+        "--overload", choices=["reject", "queue"], help="over the cap: reject with 429 (default) or queue"
+    )
+    serve.add_argument(
+        "--queue-timeout", type=float, metavar="S", help="with --overload queue: 429 after S seconds"
+    )
+    serve.add_argument("--no-control-api", action="store_true", help="do not serve the /_mock/ endpoints")
     serve.set_defaults(handler=_serve)
     return parser
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ipaddress
+import socket
+import struct
 import threading
 from typing import Any
 
@@ -10,13 +12,27 @@ from werkzeug.serving import ThreadedWSGIServer, WSGIRequestHandler
 
 from mocksandbox.core import MockSandbox
 from mocksandbox.web import create_app
+from mocksandbox.web.middleware import DropConnection
 
 #: Pending connections the kernel holds for us; verl's client opens 32+ at once.
 LISTEN_BACKLOG = 1024
 
 
 class _RequestHandler(WSGIRequestHandler):
-    """werkzeug's handler, logging request lines only when asked to."""
+    """werkzeug's handler, logging request lines only when asked to, and able to drop a connection."""
+
+    def run_wsgi(self) -> None:
+        try:
+            super().run_wsgi()
+        except DropConnection as drop:
+            self.close_connection = True
+            if drop.mode == "reset":
+                # Linger 0 makes close() send RST instead of FIN: the client sees a connection reset.
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                self.rfile.close()
+                self.connection.close()
+            else:
+                self.connection.shutdown(socket.SHUT_RDWR)
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         if getattr(self.server, "access_log", False):

@@ -52,6 +52,24 @@ class Settings(BaseModel):
     #: Log every request line to stderr.
     access_log: bool = False
 
+    # -- the fixture framework's extras --------------------------------------------------------
+    #: Serve the control endpoints under ``/_mock/`` (faults, journal, stats, reset).
+    control_api: bool = True
+    #: Requests served at once beyond which the server answers 429 (or queues): a FaaS gateway's cap.
+    max_in_flight: int | None = Field(None, ge=1)
+    #: What happens to a request over ``max_in_flight``: ``reject`` (429) or ``queue`` (wait for a slot).
+    overload: Literal["reject", "queue"] = "reject"
+    #: With ``overload = "queue"``: give up after this many seconds and answer 429 (``None``: wait).
+    queue_timeout_s: float | None = Field(None, ge=0)
+    #: ``Retry-After`` seconds sent with a 429 from the cap.
+    retry_after_s: float = Field(1.0, ge=0)
+    #: Fault rules applied from start-up and after every reset (see ``mocksandbox.faults``).
+    faults: list[dict[str, Any]] = Field(default_factory=list)
+    #: A file of fault rules (``.json``, ``.yaml`` or ``.toml``), added to ``faults``.
+    faults_file: str | None = None
+    #: How many requests the journal keeps (counts and stats cover all of them).
+    journal_limit: int = Field(10_000, ge=1)
+
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` applied and validated."""
         try:
@@ -80,7 +98,10 @@ def _read_config_file(path: Path) -> dict[str, Any]:
         raise SettingsError(f"config file {path} must hold a table/mapping of settings")
     # A [server] table (or the top level) holds the settings; other tables belong to other parts.
     section = data.get("server", data)
-    return {str(k).replace("-", "_"): v for k, v in section.items() if not isinstance(v, dict)}
+    values = {str(k).replace("-", "_"): v for k, v in section.items() if not isinstance(v, dict)}
+    if "faults" in data and "faults" not in values:
+        values["faults"] = data["faults"]
+    return values
 
 
 def _read_environment(environ: Mapping[str, str]) -> dict[str, Any]:

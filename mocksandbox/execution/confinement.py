@@ -147,6 +147,26 @@ class CgroupJail:
         self._closed = True
 
 
+def _remove_dir_tree(parent: Path) -> None:
+    for child in parent.glob("run-*"):
+        try:
+            child.rmdir()
+        except OSError:
+            pass  # still has live tasks: leave it
+    try:
+        parent.rmdir()
+    except OSError:
+        pass
+
+
+def _remove_stale_parents(home: Path) -> None:
+    """Remove the cgroups of mocksandbox servers that died without cleaning up (e.g. SIGKILL)."""
+    for parent in home.glob("mocksandbox-*"):
+        pid_text = parent.name.removeprefix("mocksandbox-")
+        if pid_text.isdigit() and not psutil.pid_exists(int(pid_text)):
+            _remove_dir_tree(parent)
+
+
 class CgroupConfinement:
     """A cgroup per run under ``<own cgroup>/mocksandbox-<pid>`` in each v1 controller."""
 
@@ -159,12 +179,9 @@ class CgroupConfinement:
         self._lock = threading.Lock()
         self._parents: dict[str, Path] = {}
         for controller in _CONTROLLERS:
-            parent = (
-                _CGROUP_ROOT
-                / controller
-                / _own_cgroup_path(controller).lstrip("/")
-                / f"mocksandbox-{os.getpid()}"
-            )
+            home = _CGROUP_ROOT / controller / _own_cgroup_path(controller).lstrip("/")
+            _remove_stale_parents(home)
+            parent = home / f"mocksandbox-{os.getpid()}"
             parent.mkdir(exist_ok=True)
             self._parents[controller] = parent
         # Prove that a child group can be made, configured and removed before claiming to work.
@@ -194,15 +211,7 @@ class CgroupConfinement:
 
     def close(self) -> None:
         for parent in self._parents.values():
-            for child in parent.glob("run-*"):
-                try:
-                    child.rmdir()
-                except OSError:
-                    pass
-            try:
-                parent.rmdir()
-            except OSError:
-                pass
+            _remove_dir_tree(parent)
 
 
 class ProcessGroupJail:

@@ -45,8 +45,12 @@ class LanguageSpec:
 
 
 def ensure_php_open_tag(code: str) -> str:
-    """SandboxFusion prepends ``<?php`` when the code does not start with it."""
-    return code if code.lstrip().startswith("<?php") else "<?php\n" + code
+    """SandboxFusion strips leading whitespace, then prepends ``<?php`` if the code lacks it.
+
+    The strip happens in both cases, so ``"\\n\\n<?php echo 1;"`` prints ``1``, not ``"\\n\\n1"``.
+    """
+    code = code.lstrip()
+    return code if code.startswith("<?php") else "<?php\n" + code
 
 
 _SCALA_OBJECT = re.compile(r"object\s+(\w+)(\s*)|(\s+extends\s+\w+\s*){", re.DOTALL | re.MULTILINE)

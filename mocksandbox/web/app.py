@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import traceback
 
-from flask import Flask, Response
+from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
 from mocksandbox.core import MockSandbox
-from mocksandbox.web import sandbox_api
+from mocksandbox.web import control_api, sandbox_api
+from mocksandbox.web.middleware import MockLayer
 from mocksandbox.web.responses import json_response
 from mocksandbox.web.validation import BodyParseError, RequestValidationError
 
@@ -19,6 +20,10 @@ def create_app(sandbox: MockSandbox) -> Flask:
     app.extensions["mocksandbox"] = sandbox
     app.url_map.strict_slashes = True
     app.register_blueprint(sandbox_api.blueprint)
+    if sandbox.settings.control_api:
+        app.register_blueprint(control_api.blueprint)
+    # Journal, cap and faults wrap everything, so that faulted and rejected answers are recorded.
+    app.wsgi_app = MockLayer(app.wsgi_app, sandbox)  # type: ignore[method-assign]
 
     @app.errorhandler(RequestValidationError)
     def _validation_error(exc: RequestValidationError) -> Response:
@@ -38,7 +43,9 @@ def create_app(sandbox: MockSandbox) -> Flask:
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception) -> Response:
-        # SandboxFusion's global handler: 500 with the message and the traceback lines.
+        # SandboxFusion's global handler: 500 with the message and the traceback lines. The error
+        # is also kept so that the test that caused it can re-raise it.
+        sandbox.record_error(request.path, exc)
         lines = traceback.format_exception(exc)
         detail_lines = [line.rstrip("\n") for chunk in lines for line in chunk.splitlines()]
         return json_response({"detail": str(exc), "traceback": detail_lines}, status=500)

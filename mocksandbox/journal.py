@@ -1,0 +1,185 @@
+"""What was asked, what was answered, when; plus the in-flight counter and its timeline."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class JournalEntry:
+    """One request and its answer. Times are seconds since the journal was (re)started."""
+
+    id: int
+    method: str
+    path: str
+    query: str
+    body: Any
+    client: str
+    started: float
+    status: int | None = None
+    response: Any = None
+    ended: float | None = None
+    #: Ids of the fault rules that fired, and the deciding action's type (``None`` if none).
+    faults: list[str] = field(default_factory=list)
+    fault_action: str | None = None
+    #: ``"rejected"`` when the concurrency cap answered 429, ``"dropped"`` when no answer was sent.
+    outcome: str = "answered"
+
+    @property
+    def duration(self) -> float | None:
+        return None if self.ended is None else self.ended - self.started
+
+    @property
+    def language(self) -> str | None:
+        return self.body.get("language") if isinstance(self.body, dict) else None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["duration"] = self.duration
+        return data
+
+    def summary(self) -> str:
+        """One line for failure messages."""
+        lang = f" {self.language}" if self.language else ""
+        fault = f" fault={self.fault_action}" if self.fault_action else ""
+        return f"#{self.id} {self.method} {self.path}{lang} -> {self.status}{fault} ({self.outcome})"
+
+
+def parse_body(raw: bytes) -> Any:
+    """A body as the journal keeps it: parsed JSON when it is JSON, else text."""
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return raw.decode("utf-8", errors="replace")
+
+
+class Journal:
+    """A bounded, thread-safe record of requests and answers, with counts that survive the bound."""
+
+    def __init__(self, limit: int = 10_000, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit = limit
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        with self._lock:
+            self._entries: deque[JournalEntry] = deque(maxlen=self.limit)
+            self._ids = itertools.count(1)
+            self._origin = self._clock()
+            self.requests_total = 0
+            self.by_path: Counter[str] = Counter()
+            self.by_status: Counter[str] = Counter()
+            self.faults_fired: Counter[str] = Counter()
+            self.rejected = 0
+            self.dropped = 0
+
+    def now(self) -> float:
+        return self._clock() - self._origin
+
+    def begin(self, method: str, path: str, query: str, body: Any, client: str) -> JournalEntry:
+        with self._lock:
+            entry = JournalEntry(next(self._ids), method, path, query, body, client, self.now())
+            self._entries.append(entry)
+            self.requests_total += 1
+            self.by_path[path] += 1
+        return entry
+
+    def finish(
+        self, entry: JournalEntry, status: int | None, response: Any, outcome: str = "answered"
+    ) -> None:
+        with self._lock:
+            entry.status, entry.response, entry.outcome = status, response, outcome
+            entry.ended = self.now()
+            self.by_status[str(status) if status is not None else "none"] += 1
+            for rule_id in entry.faults:
+                self.faults_fired[rule_id] += 1
+            if outcome == "rejected":
+                self.rejected += 1
+            elif outcome == "dropped":
+                self.dropped += 1
+
+    def entries(self) -> list[JournalEntry]:
+        with self._lock:
+            return list(self._entries)
+
+    def counts(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "requests_total": self.requests_total,
+                "by_path": dict(self.by_path),
+                "by_status": dict(self.by_status),
+                "faults_fired": dict(self.faults_fired),
+                "rejected_by_cap": self.rejected,
+                "dropped": self.dropped,
+            }
+
+
+class InFlight:
+    """Requests being served right now, the most ever at once, and a timeline of changes."""
+
+    def __init__(self, timeline_limit: int = 100_000, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._timeline_limit = timeline_limit
+        self._cond = threading.Condition()
+        self.reset()
+
+    def reset(self) -> None:
+        with self._cond:
+            self.current = 0
+            self.maximum = 0
+            self._origin = self._clock()
+            self.timeline: deque[tuple[float, int]] = deque(maxlen=self._timeline_limit)
+            self._cond.notify_all()
+
+    def enter(self, cap: int | None = None, wait: float | None = 0.0) -> bool:
+        """Count one more request in flight, if ``cap`` allows; with ``wait``, queue for a slot.
+
+        ``wait=0`` rejects at once when full, ``None`` waits as long as it takes.
+        """
+        with self._cond:
+            if cap is not None and self.current >= cap:
+                if wait == 0.0:
+                    return False
+                deadline = None if wait is None else self._clock() + wait
+                while self.current >= cap:
+                    remaining = None if deadline is None else deadline - self._clock()
+                    if remaining is not None and remaining <= 0:
+                        return False
+                    self._cond.wait(remaining)
+            self.current += 1
+            self.maximum = max(self.maximum, self.current)
+            self.timeline.append((self._clock() - self._origin, self.current))
+            return True
+
+    def leave(self) -> None:
+        with self._cond:
+            # A reset while requests were in flight zeroes the count; never go below zero.
+            self.current = max(0, self.current - 1)
+            self.timeline.append((self._clock() - self._origin, self.current))
+            self._cond.notify()
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._cond:
+            return {"in_flight": self.current, "max_in_flight": self.maximum}
+
+    def timeline_points(self) -> list[tuple[float, int]]:
+        with self._cond:
+            return list(self.timeline)
+
+
+def nearest(entries: Iterable[JournalEntry], count: int = 5) -> str:
+    """The last ``count`` entries as lines, for assertion messages."""
+    recent = list(entries)[-count:]
+    if not recent:
+        return "  (no requests were recorded)"
+    return "\n".join(f"  {e.summary()}" for e in recent)
