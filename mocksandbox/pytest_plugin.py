@@ -1,0 +1,227 @@
+"""pytest plugin: a real mock SandboxFusion server per test session (per xdist worker).
+
+Registered through the ``pytest11`` entry point; importing it does nothing but define fixtures.
+
+Fixtures
+--------
+``mocksandbox_url``
+    Base URL (``http://127.0.0.1:<port>``) of a real server on a free loopback port, one per
+    session (so one per xdist worker). Reachable from threads, subprocesses and Ray actors.
+``mocksandbox``
+    A :class:`MockSandboxHandle` for the current test: faults, journal, stats, capacity. Its state
+    is reset at the *start* of every test; exceptions raised inside the server while the test ran
+    are re-raised at its end.
+``mocksandbox_env``
+    Points ``SANDBOX_FUSION_URL`` (the full ``/run_code`` URL, as verl's tests read it) and
+    ``SANDBOX_FUSION_ENDPOINT`` (the base URL, as the ``sandbox-fusion`` client reads it) at the
+    server for the test's duration.
+``mocksandbox_inprocess``
+    No sockets: routes ``requests`` calls for ``http://mocksandbox.test`` into the app with the
+    ``responses`` library. It cannot be reached from other processes, and only code that uses
+    ``requests`` sees it.
+
+Markers
+-------
+``@pytest.mark.mocksandbox_faults(rule, ...)``
+    Fault rules (dicts, as in a fault file) active for one test.
+``@pytest.mark.mocksandbox_capacity(max_in_flight=3, overload="reject")``
+    A server-side concurrency cap for one test.
+
+Options
+-------
+``--mocksandbox-config FILE`` (or the ``mocksandbox_config`` ini value): settings for the server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from mocksandbox.core import MockSandbox
+    from mocksandbox.faults import FaultRule
+    from mocksandbox.journal import JournalEntry
+    from mocksandbox.server import ServerThread
+
+INPROCESS_BASE_URL = "http://mocksandbox.test"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("mocksandbox", "mock SandboxFusion server")
+    group.addoption(
+        "--mocksandbox-config",
+        metavar="FILE",
+        default=None,
+        help="settings file (.toml/.yaml/.json) for the mocksandbox server started by the fixtures",
+    )
+    parser.addini("mocksandbox_config", "settings file for the mocksandbox fixtures' server", default="")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "mocksandbox_faults(*rules): fault rules active for this test")
+    config.addinivalue_line(
+        "markers", "mocksandbox_capacity(**policy): server-side concurrency cap for this test"
+    )
+
+
+class MockSandboxHandle:
+    """What a test holds: the sandbox's state and helpers to shape and inspect it."""
+
+    def __init__(self, sandbox: MockSandbox, url: str) -> None:
+        self.sandbox = sandbox
+        #: Base URL of the server (``http://127.0.0.1:<port>``).
+        self.url = url
+
+    @property
+    def run_code_url(self) -> str:
+        return f"{self.url}/run_code"
+
+    # -- faults ------------------------------------------------------------------------------
+
+    def add_fault(self, spec: dict[str, Any] | None = None, **parts: Any) -> FaultRule:
+        """Add a fault rule (see :mod:`mocksandbox.faults`)."""
+        return self.sandbox.add_fault(spec, **parts)
+
+    def fail(
+        self, status: int, path: str | None = "/run_code", retry_after: float | None = None, **schedule: Any
+    ) -> FaultRule:
+        """Answer ``status`` (e.g. 429, 500, 504) on matching requests, per ``schedule``."""
+        action: dict[str, Any] = {"type": "status", "status": status}
+        if retry_after is not None:
+            action["retry_after"] = retry_after
+        return self.add_fault(match={"path": path}, action=action, schedule=schedule)
+
+    def delay(self, seconds: float, path: str | None = "/run_code", **schedule: Any) -> FaultRule:
+        """Hold matching requests for ``seconds`` before serving them."""
+        return self.add_fault(
+            match={"path": path}, action={"type": "delay", "seconds": seconds}, schedule=schedule
+        )
+
+    def drop(self, mode: str = "reset", path: str | None = "/run_code", **schedule: Any) -> FaultRule:
+        """Drop matching connections without an answer (``reset`` or ``close``)."""
+        return self.add_fault(match={"path": path}, action={"type": mode}, schedule=schedule)
+
+    def sandbox_error(
+        self, message: str | None = None, path: str | None = "/run_code", **schedule: Any
+    ) -> FaultRule:
+        """Answer 200 with ``status: SandboxError`` on matching requests."""
+        action: dict[str, Any] = {"type": "sandbox_error"}
+        if message is not None:
+            action["message"] = message
+        return self.add_fault(match={"path": path}, action=action, schedule=schedule)
+
+    def clear_faults(self) -> None:
+        self.sandbox.faults.reset()
+
+    # -- capacity, journal, stats --------------------------------------------------------------
+
+    def set_capacity(self, **policy: Any) -> None:
+        """Server-side cap: ``max_in_flight``, ``overload`` (reject/queue), ``queue_timeout_s``, ..."""
+        self.sandbox.set_capacity(**policy)
+
+    def requests(self, **filters: Any) -> list[JournalEntry]:
+        """Journal entries matching ``path``, ``method``, ``language`` and/or ``status``."""
+        return self.sandbox.requests(**filters)
+
+    def assert_requests(self, count: int, **filters: Any) -> list[JournalEntry]:
+        """Assert exactly ``count`` matching requests; the failure shows the nearest calls."""
+        return self.sandbox.assert_requests(count, **filters)
+
+    def stats(self) -> dict[str, Any]:
+        return self.sandbox.stats()
+
+    def reset(self) -> None:
+        self.sandbox.reset()
+
+
+def _settings_file(config: pytest.Config) -> str | None:
+    value = config.getoption("--mocksandbox-config") or config.getini("mocksandbox_config")
+    return str(value) if value else None
+
+
+@pytest.fixture(scope="session")
+def mocksandbox_core(pytestconfig: pytest.Config) -> Iterator[MockSandbox]:
+    """The session's :class:`~mocksandbox.core.MockSandbox` (engine, faults, journal)."""
+    from mocksandbox.core import MockSandbox
+    from mocksandbox.settings import load_settings
+
+    settings = load_settings(_settings_file(pytestconfig), overrides={"host": "127.0.0.1", "port": 0})
+    box = MockSandbox.create(settings)
+    yield box
+    box.close()
+
+
+@pytest.fixture(scope="session")
+def mocksandbox_server(mocksandbox_core: MockSandbox) -> Iterator[ServerThread]:
+    """A real server for the session's sandbox on a free loopback port."""
+    from mocksandbox.server import ServerThread
+
+    server = ServerThread(mocksandbox_core, "127.0.0.1", 0).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def mocksandbox_url(mocksandbox_server: ServerThread) -> str:
+    """Base URL of the session's server."""
+    return mocksandbox_server.url
+
+
+def _prepare(box: MockSandbox, node: pytest.Item) -> None:
+    # Reset at the start: another fixture's teardown may still have sent requests after the last test.
+    box.wait_idle()
+    box.reset()
+    for marker in node.iter_markers("mocksandbox_faults"):
+        for rule in marker.args:
+            box.add_fault(rule)
+    for marker in node.iter_markers("mocksandbox_capacity"):
+        box.set_capacity(**marker.kwargs)
+
+
+def _reraise_server_errors(box: MockSandbox) -> None:
+    errors = box.take_errors()
+    if errors:
+        first = errors[0]
+        first.exception.add_note(
+            f"raised inside the mocksandbox server while serving {first.path}"
+            + (f" ({len(errors) - 1} more server error(s))" if len(errors) > 1 else "")
+        )
+        raise first.exception
+
+
+@pytest.fixture
+def mocksandbox(
+    mocksandbox_server: ServerThread, request: pytest.FixtureRequest
+) -> Iterator[MockSandboxHandle]:
+    """The session's server, reset for this test, as a :class:`MockSandboxHandle`."""
+    box = mocksandbox_server.sandbox
+    _prepare(box, request.node)
+    yield MockSandboxHandle(box, mocksandbox_server.url)
+    _reraise_server_errors(box)
+
+
+@pytest.fixture
+def mocksandbox_env(mocksandbox: MockSandboxHandle, monkeypatch: pytest.MonkeyPatch) -> MockSandboxHandle:
+    """Point the usual environment variables at the server for this test."""
+    monkeypatch.setenv("SANDBOX_FUSION_URL", mocksandbox.run_code_url)
+    monkeypatch.setenv("SANDBOX_FUSION_ENDPOINT", mocksandbox.url)
+    return mocksandbox
+
+
+@pytest.fixture
+def mocksandbox_inprocess(
+    mocksandbox_core: MockSandbox, request: pytest.FixtureRequest
+) -> Iterator[MockSandboxHandle]:
+    """The sandbox without sockets: ``requests`` calls to ``http://mocksandbox.test`` go into the app.
+
+    Only this process's ``requests`` calls are routed; other processes, other HTTP clients and Ray
+    actors cannot reach it (use ``mocksandbox_url`` for those).
+    """
+    from mocksandbox.web.inprocess import route_requests_to
+
+    _prepare(mocksandbox_core, request.node)
+    with route_requests_to(mocksandbox_core, INPROCESS_BASE_URL):
+        yield MockSandboxHandle(mocksandbox_core, INPROCESS_BASE_URL)
+    _reraise_server_errors(mocksandbox_core)

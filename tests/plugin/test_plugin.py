@@ -1,0 +1,133 @@
+"""The pytest plugin, exercised the way users run it: in a separate pytest run (pytester)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_fixtures_give_a_real_server_reset_per_test(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import requests
+
+        def test_first(mocksandbox, mocksandbox_url):
+            r = requests.post(mocksandbox_url + "/run_code", json={"code": "print(1)", "language": "python"})
+            assert r.json()["run_result"]["stdout"] == "1\\n"
+            mocksandbox.assert_requests(1, path="/run_code")
+            mocksandbox.fail(503)
+
+        def test_second_starts_clean(mocksandbox, mocksandbox_url):
+            # The fault and the journal of the first test are gone.
+            assert mocksandbox.stats()["requests_total"] == 0
+            r = requests.post(mocksandbox_url + "/run_code", json={"code": "print(2)", "language": "python"})
+            assert r.status_code == 200
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+
+
+def test_per_worker_servers_under_xdist(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytester.makepyfile(
+        """
+        import json, os, pathlib, requests, pytest
+
+        @pytest.mark.parametrize("i", range(6))
+        def test_each(i, mocksandbox, mocksandbox_url, tmp_path_factory):
+            assert mocksandbox.stats()["requests_total"] == 0
+            requests.get(mocksandbox_url + "/v1/ping")
+            mocksandbox.assert_requests(1)
+            out = pathlib.Path(os.environ["RESULTS_DIR"]) / f"{i}.json"
+            out.write_text(json.dumps({"worker": os.environ.get("PYTEST_XDIST_WORKER"), "url": mocksandbox_url}))
+        """
+    )
+    results = pytester.mkdir("results")
+    monkeypatch.setenv("RESULTS_DIR", str(results))
+    result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=6)
+    seen = [json.loads(p.read_text()) for p in results.iterdir()]
+    urls_by_worker: dict[str, set[str]] = {}
+    for item in seen:
+        urls_by_worker.setdefault(item["worker"], set()).add(item["url"])
+    assert set(urls_by_worker) == {"gw0", "gw1"}
+    # One server per worker, each on its own port.
+    assert all(len(urls) == 1 for urls in urls_by_worker.values())
+    assert len({next(iter(u)) for u in urls_by_worker.values()}) == 2
+
+
+def test_markers_env_and_server_errors(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import os, pytest, requests
+
+        @pytest.mark.mocksandbox_faults({"match": {"path": "/run_code"}, "action": {"type": "status", "status": 504}, "schedule": {"first": 1}})
+        def test_marker_fault(mocksandbox_env):
+            url = os.environ["SANDBOX_FUSION_URL"]
+            assert url.endswith("/run_code")
+            body = {"code": "print(1)", "language": "python"}
+            assert requests.post(url, json=body).status_code == 504
+            assert requests.post(url, json=body).status_code == 200
+
+        @pytest.mark.mocksandbox_capacity(max_in_flight=2)
+        def test_marker_capacity(mocksandbox):
+            assert mocksandbox.stats()["max_in_flight_cap"] == 2
+
+        def test_server_error_is_reraised(mocksandbox, mocksandbox_url):
+            def explode(request):
+                raise RuntimeError("kaboom inside the server")
+            mocksandbox.sandbox.engine.run_code = explode
+            r = requests.post(mocksandbox_url + "/run_code", json={"code": "x", "language": "python"})
+            assert r.status_code == 500
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*RuntimeError: kaboom inside the server*",
+            "*raised inside the mocksandbox server while serving /run_code*",
+        ]
+    )
+
+
+def test_inprocess_mode_needs_no_socket(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import requests
+
+        def test_inprocess(mocksandbox_inprocess):
+            url = mocksandbox_inprocess.url + "/run_code"
+            r = requests.post(url, json={"code": "print(40 + 2)", "language": "python"})
+            assert r.json()["run_result"]["stdout"] == "42\\n"
+            mocksandbox_inprocess.drop("reset", first=1)
+            try:
+                requests.post(url, json={"code": "print(1)", "language": "python"})
+            except requests.ConnectionError:
+                pass
+            else:
+                raise AssertionError("expected a dropped connection")
+            mocksandbox_inprocess.assert_requests(2, path="/run_code")
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+
+
+def test_config_option_reaches_the_server(pytester: pytest.Pytester) -> None:
+    config = pytester.makefile(".toml", mockconf='max_in_flight = 5\npod_name = "pod-from-config"\n')
+    pytester.makepyfile(
+        """
+        import requests
+
+        def test_config(mocksandbox, mocksandbox_url):
+            assert mocksandbox.stats()["max_in_flight_cap"] == 5
+            r = requests.post(mocksandbox_url + "/run_code", json={"code": "print(1)", "language": "python"})
+            assert r.json()["executor_pod_name"] == "pod-from-config"
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--mocksandbox-config={config}")
+    result.assert_outcomes(passed=1)
