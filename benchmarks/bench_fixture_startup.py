@@ -52,7 +52,9 @@ def httpserver_start() -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeat", type=int, default=20)
     args = parser.parse_args()
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # pytest-httpserver logs every request
@@ -64,10 +66,15 @@ def main() -> None:
         theirs.append(httpserver_start())
     med_ours, med_theirs = statistics.median(ours), statistics.median(theirs)
     print(f"{'measure':<44}{'median ms':>12}{'min ms':>10}")
-    print(f"{'mocksandbox: fixture to first ping':<44}{med_ours * 1e3:>12.2f}{min(ours) * 1e3:>10.2f}")
-    print(f"{'mocksandbox: per-test reset':<44}{statistics.median(resets) * 1e3:>12.3f}{min(resets) * 1e3:>10.3f}")
-    print(f"{'pytest-httpserver: start to first answer':<44}{med_theirs * 1e3:>12.2f}{min(theirs) * 1e3:>10.2f}")
-    print(f"ratio mocksandbox / pytest-httpserver start: {med_ours / med_theirs:.2f}x  (repeat={args.repeat})")
+    rows = [
+        ("mocksandbox: fixture to first ping", ours),
+        ("mocksandbox: per-test reset", resets),
+        ("pytest-httpserver: start to first answer", theirs),
+    ]
+    for label, values in rows:
+        print(f"{label:<44}{statistics.median(values) * 1e3:>12.3f}{min(values) * 1e3:>10.3f}")
+    ratio = med_ours / med_theirs
+    print(f"ratio mocksandbox / pytest-httpserver start: {ratio:.2f}x  (repeat={args.repeat})")
 
 
 if __name__ == "__main__":
