@@ -30,10 +30,14 @@ Markers
 Options
 -------
 ``--mocksandbox-config FILE`` (or the ``mocksandbox_config`` ini value): settings for the server.
+``--mocksandbox-export-env`` (or ini ``mocksandbox_export_env = true``): start the server when
+pytest starts (in each xdist worker) and export ``SANDBOX_FUSION_URL`` / ``SANDBOX_FUSION_ENDPOINT``
+before collection, so that suites which skip at import time without a live sandbox URL run.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +61,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="settings file (.toml/.yaml/.json) for the mocksandbox server started by the fixtures",
     )
     parser.addini("mocksandbox_config", "settings file for the mocksandbox fixtures' server", default="")
+    group.addoption(
+        "--mocksandbox-export-env",
+        action="store_true",
+        default=None,
+        help="start the mock server at start-up and export SANDBOX_FUSION_URL before collection",
+    )
+    parser.addini(
+        "mocksandbox_export_env", "export SANDBOX_FUSION_URL before collection", type="bool", default=False
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -64,6 +77,42 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "mocksandbox_capacity(**policy): server-side concurrency cap for this test"
     )
+    export = config.getoption("--mocksandbox-export-env") or config.getini("mocksandbox_export_env")
+    is_xdist_controller = bool(getattr(config.option, "numprocesses", None)) and not hasattr(
+        config, "workerinput"
+    )
+    if export and not is_xdist_controller:
+        early = _EarlyServer(config)
+        config.stash[_EARLY_SERVER] = early
+        os.environ["SANDBOX_FUSION_URL"] = f"{early.server.url}/run_code"
+        os.environ["SANDBOX_FUSION_ENDPOINT"] = early.server.url
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    early = config.stash.get(_EARLY_SERVER, None)
+    if early is not None:
+        early.close()
+        del config.stash[_EARLY_SERVER]
+
+
+class _EarlyServer:
+    """The session's sandbox and server, started before collection for ``--mocksandbox-export-env``."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        from mocksandbox.core import MockSandbox
+        from mocksandbox.server import ServerThread
+        from mocksandbox.settings import load_settings
+
+        settings = load_settings(_settings_file(config), overrides={"host": "127.0.0.1", "port": 0})
+        self.sandbox = MockSandbox.create(settings)
+        self.server = ServerThread(self.sandbox, "127.0.0.1", 0).start()
+
+    def close(self) -> None:
+        self.server.stop()
+        self.sandbox.close()
+
+
+_EARLY_SERVER = pytest.StashKey["_EarlyServer"]()
 
 
 class MockSandboxHandle:
@@ -144,6 +193,10 @@ def _settings_file(config: pytest.Config) -> str | None:
 @pytest.fixture(scope="session")
 def mocksandbox_core(pytestconfig: pytest.Config) -> Iterator[MockSandbox]:
     """The session's :class:`~mocksandbox.core.MockSandbox` (engine, faults, journal)."""
+    early = pytestconfig.stash.get(_EARLY_SERVER, None)
+    if early is not None:
+        yield early.sandbox
+        return
     from mocksandbox.core import MockSandbox
     from mocksandbox.settings import load_settings
 
@@ -154,8 +207,12 @@ def mocksandbox_core(pytestconfig: pytest.Config) -> Iterator[MockSandbox]:
 
 
 @pytest.fixture(scope="session")
-def mocksandbox_server(mocksandbox_core: MockSandbox) -> Iterator[ServerThread]:
+def mocksandbox_server(mocksandbox_core: MockSandbox, pytestconfig: pytest.Config) -> Iterator[ServerThread]:
     """A real server for the session's sandbox on a free loopback port."""
+    early = pytestconfig.stash.get(_EARLY_SERVER, None)
+    if early is not None:
+        yield early.server
+        return
     from mocksandbox.server import ServerThread
 
     server = ServerThread(mocksandbox_core, "127.0.0.1", 0).start()

@@ -131,3 +131,24 @@ def test_config_option_reaches_the_server(pytester: pytest.Pytester) -> None:
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--mocksandbox-config={config}")
     result.assert_outcomes(passed=1)
+
+
+def test_suite_skipped_without_a_live_url_runs_under_xdist(pytester: pytest.Pytester) -> None:
+    """A verl-style suite that decides at import time whether a sandbox exists."""
+    pytester.makepyfile(
+        test_sandbox_suite="""
+        import os, pytest, requests
+
+        SANDBOX_URL = os.environ.get("SANDBOX_FUSION_URL")
+        pytestmark = pytest.mark.skipif(not SANDBOX_URL, reason="SANDBOX_FUSION_URL not set")
+
+        @pytest.mark.parametrize("n", range(4))
+        def test_sandbox_runs(n):
+            r = requests.post(SANDBOX_URL, json={"code": f"print({n} * 2)", "language": "python"})
+            assert r.json()["run_result"]["stdout"] == f"{n * 2}\\n"
+        """
+    )
+    skipped = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2")
+    skipped.assert_outcomes(skipped=4)
+    ran = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--mocksandbox-export-env")
+    ran.assert_outcomes(passed=4)
