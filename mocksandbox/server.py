@@ -46,7 +46,17 @@ class MockServer(ThreadedWSGIServer):
     daemon_threads = True
 
     def __init__(self, host: str, port: int, app: Any, access_log: bool = False) -> None:
-        super().__init__(host, port, app, handler=_RequestHandler)
+        # Bind and listen ourselves: werkzeug would print and sys.exit() on a bind error, and we
+        # want an OSError the caller can report (and our own backlog).
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((host, port))
+            listener.listen(LISTEN_BACKLOG)
+            super().__init__(host, port, app, handler=_RequestHandler, fd=listener.fileno())
+        finally:
+            listener.close()  # werkzeug holds its own duplicate of the descriptor
         self.access_log = access_log
 
     @property
