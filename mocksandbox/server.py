@@ -63,7 +63,7 @@ class MockServer(ThreadedWSGIServer):
     def url(self) -> str:
         host = str(self.server_address[0])
         shown = f"[{host}]" if ":" in host else host
-        return f"http://{shown}:{self.server_port}"
+        return f"http://{shown}:{self.port}"
 
 
 def is_loopback(host: str) -> bool:
