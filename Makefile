@@ -19,7 +19,7 @@ $(VENV)/.installed-serve: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,jupyter,ray,stress,docker]'
 	touch $@
 
 serve: $(VENV)/.installed-serve

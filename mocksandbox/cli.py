@@ -1,8 +1,10 @@
-"""The ``mocksandbox`` command."""
+"""The ``mocksandbox`` command: serve a mock SandboxFusion, and the tools around it."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import signal
 import sys
 from collections.abc import Sequence
@@ -85,6 +87,13 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Modules that add a subcommand with ``register(subparsers)``; absent ones are skipped.
+EXTRA_COMMAND_MODULES = (
+    "mocksandbox.contract.command",  # mocksandbox contract
+    "mocksandbox.stress.command",  # mocksandbox stress
+)
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -123,6 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--no-control-api", action="store_true", help="do not serve the /_mock/ endpoints")
     serve.set_defaults(handler=_serve)
+
+    # Other commands live beside the code they drive; each module offers register(subparsers)
+    # and must stay cheap to import (heavy imports go inside its handler).
+    for module_name in EXTRA_COMMAND_MODULES:
+        package = module_name.rpartition(".")[0]
+        if all(importlib.util.find_spec(name) is not None for name in (package, module_name)):
+            importlib.import_module(module_name).register(commands)
     return parser
 
 
