@@ -1,0 +1,402 @@
+"""The engine without HTTP: step sequencing through a fake runner, and the real file layout."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from mocksandbox.execution.engine import ExecutionEngine, create_engine
+from mocksandbox.execution.process import CommandSpec
+from mocksandbox.models import CommandRunResult, CommandRunStatus, RunCodeRequest, RunStatus
+from mocksandbox.settings import Settings
+
+Finished, Error, TLE = CommandRunStatus.Finished, CommandRunStatus.Error, CommandRunStatus.TimeLimitExceeded
+
+
+def finished(return_code: int = 0, stdout: str = "", stderr: str = "") -> CommandRunResult:
+    return CommandRunResult(
+        status=Finished, execution_time=0.01, return_code=return_code, stdout=stdout, stderr=stderr
+    )
+
+
+@dataclass
+class Call:
+    """One command the fake runner was asked to run, with what it saw on disk at that moment."""
+
+    spec: CommandSpec
+    cwd_listing: list[str]
+    code_text: str | None
+
+
+@dataclass
+class FakeRunner:
+    """Answers each command with ``respond(spec)``; records every call. Satisfies CommandRunner."""
+
+    respond: Callable[[CommandSpec], CommandRunResult] = lambda spec: finished()
+    calls: list[Call] = field(default_factory=list)
+
+    def run(self, spec: CommandSpec) -> CommandRunResult:
+        listing = sorted(os.listdir(spec.cwd)) if os.path.isdir(spec.cwd) else []
+        code_files = [n for n in listing if n.startswith("tmp") or n in ("Main.java", "Program.cs")]
+        code_text = Path(spec.cwd, code_files[0]).read_text() if len(code_files) == 1 else None
+        self.calls.append(Call(spec, listing, code_text))
+        return self.respond(spec)
+
+    @property
+    def commands(self) -> list[str]:
+        return [call.spec.command for call in self.calls]
+
+
+@pytest.fixture
+def tmp_root(tmp_path: Path) -> Path:
+    root = tmp_path / "runs"
+    root.mkdir()
+    return root
+
+
+@pytest.fixture
+def settings(tmp_root: Path) -> Settings:
+    return Settings(tmp_root=str(tmp_root), pod_name=None, python="/opt/py/bin/python3")
+
+
+def engine_with(settings: Settings, runner: FakeRunner) -> ExecutionEngine:
+    return ExecutionEngine(settings, runner)
+
+
+def request(**fields: object) -> RunCodeRequest:
+    return RunCodeRequest.model_validate(fields)
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+# -- interpreted languages -----------------------------------------------------------------------
+
+
+def test_python_runs_once_in_a_fresh_temp_dir(settings: Settings, tmp_root: Path) -> None:
+    runner = FakeRunner(lambda spec: finished(0, "1\n"))
+    response = engine_with(settings, runner).run_code(
+        request(code="print(1)", language="python", stdin="in", run_timeout=3, memory_limit_MB=64)
+    )
+    assert response.status == RunStatus.Success and response.message == ""
+    assert response.compile_result is None
+    assert response.run_result == finished(0, "1\n")
+    [call] = runner.calls
+    spec = call.spec
+    assert Path(spec.cwd).parent == tmp_root
+    assert re.fullmatch(r"tmp[a-z0-9_]{8}", Path(spec.cwd).name)
+    [code_file] = call.cwd_listing
+    assert re.fullmatch(r"tmp[a-z0-9_]{8}\.py", code_file)
+    assert spec.command == f"/opt/py/bin/python3 {Path(spec.cwd, code_file)}"
+    assert call.code_text == "print(1)"
+    assert (spec.stdin, spec.timeout, spec.memory_limit_mb) == (b"in", 3, 64)
+    assert spec.env["PATH"].startswith("/opt/py/bin:")
+    assert list(tmp_root.iterdir()) == [], "the temp dir is removed after the run"
+
+
+def test_null_stdin_is_passed_as_none(settings: Settings) -> None:
+    runner = FakeRunner()
+    engine_with(settings, runner).run_code(request(code="", language="bash"))
+    engine_with(settings, runner).run_code(request(code="", language="bash", stdin=""))
+    assert [c.spec.stdin for c in runner.calls] == [None, b""]
+
+
+def test_non_python_languages_get_the_plain_environment(settings: Settings) -> None:
+    runner = FakeRunner()
+    engine_with(settings, runner).run_code(request(code="echo", language="bash"))
+    assert not runner.calls[0].spec.env.get("PATH", "").startswith("/opt/py/bin:")
+    assert runner.commands[0].startswith("/bin/bash ") and runner.commands[0].endswith(".sh")
+
+
+def test_server_test_variables_are_hidden_from_programs(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-x")
+    monkeypatch.setenv("MOCKSANDBOX_PORT", "1")
+    monkeypatch.setenv("KEEP_ME", "yes")
+    runner = FakeRunner()
+    engine_with(settings, runner).run_code(request(code="", language="python"))
+    env = runner.calls[0].spec.env
+    assert env["KEEP_ME"] == "yes"
+    assert "PYTEST_ADDOPTS" not in env and "MOCKSANDBOX_PORT" not in env
+
+
+def test_timeouts_are_capped_by_settings_but_passed_through_below(settings: Settings) -> None:
+    runner = FakeRunner()
+    engine = engine_with(settings.replace(max_timeout_s=5), runner)
+    for timeout in (100, 2.5, 0, -1):
+        engine.run_code(request(code="", language="python", run_timeout=timeout))
+    assert [c.spec.timeout for c in runner.calls] == [5, 2.5, 0, -1]
+
+
+def test_php_code_gets_its_open_tag(settings: Settings) -> None:
+    runner = FakeRunner()
+    engine_with(settings, runner).run_code(request(code="echo 1;", language="php"))
+    assert runner.calls[0].code_text == "<?php\necho 1;"
+    assert runner.commands[0].startswith("php -f ")
+
+
+# -- compile, then run ---------------------------------------------------------------------------
+
+
+def test_compile_then_run_in_the_same_dir(settings: Settings) -> None:
+    runner = FakeRunner(lambda spec: finished(0, "compiled" if spec.command.startswith("javac") else "ran"))
+    response = engine_with(settings, runner).run_code(
+        request(code="class Main {}", language="java", stdin="x", compile_timeout=7, run_timeout=3)
+    )
+    assert runner.commands == [
+        "javac -cp .:javatuples-1.2.jar Main.java",
+        "java -cp .:javatuples-1.2.jar -ea Main",
+    ]
+    compile_call, run_call = runner.calls
+    assert compile_call.spec.cwd == run_call.spec.cwd
+    assert compile_call.cwd_listing == ["Main.java"] and compile_call.code_text == "class Main {}"
+    assert (compile_call.spec.stdin, compile_call.spec.timeout) == (None, 7), "stdin goes to the run only"
+    assert (run_call.spec.stdin, run_call.spec.timeout) == (b"x", 3)
+    assert response.compile_result is not None and response.compile_result.stdout == "compiled"
+    assert response.run_result is not None and response.run_result.stdout == "ran"
+    assert response.status == RunStatus.Success
+
+
+def test_memory_limit_applies_to_compile_and_run(settings: Settings) -> None:
+    runner = FakeRunner()
+    engine_with(settings, runner).run_code(request(code="", language="rust", memory_limit_MB=256))
+    assert [c.spec.memory_limit_mb for c in runner.calls] == [256, 256]
+
+
+@pytest.mark.parametrize(
+    ("compile_result", "status", "message"),
+    [
+        (finished(1, stderr="error: x"), RunStatus.Failed, ""),
+        (CommandRunResult(status=TLE, execution_time=0.05), RunStatus.Failed, ""),
+        (CommandRunResult(status=Error, stderr="exception on running command rustc"), RunStatus.SandboxError,
+         "exception on running command rustc"),
+        (finished(-9), RunStatus.Failed, ""),
+    ],
+    ids=["compile-error", "compile-timeout", "compile-sandbox-error", "compiler-killed"],
+)  # fmt: skip
+def test_run_is_skipped_after_a_failed_compile(
+    settings: Settings, compile_result: CommandRunResult, status: RunStatus, message: str
+) -> None:
+    runner = FakeRunner(lambda spec: compile_result)
+    response = engine_with(settings, runner).run_code(request(code="fn main(){}", language="rust"))
+    assert len(runner.calls) == 1 and runner.commands[0].startswith("rustc ")
+    assert response.compile_result == compile_result
+    assert response.run_result is None
+    assert (response.status, response.message) == (status, message)
+
+
+def test_run_error_is_a_sandbox_error(settings: Settings) -> None:
+    error = CommandRunResult(status=Error, stderr="exception on running command ./test: boom | None")
+    runner = FakeRunner(lambda spec: error if spec.command == "./test" else finished())
+    response = engine_with(settings, runner).run_code(request(code="fn main(){}", language="rust"))
+    assert (response.status, response.message) == (RunStatus.SandboxError, error.stderr)
+    assert response.compile_result == finished() and response.run_result == error
+
+
+def test_cpp_link_flags_are_probed_once(settings: Settings) -> None:
+    runner = FakeRunner(lambda spec: finished(1 if spec.command.endswith(("-lcrypto", "-lssl")) else 0))
+    engine = engine_with(settings, runner)
+    engine.run_code(request(code="int main(){}", language="cpp"))
+    engine.run_code(request(code="int main(){}", language="cpp"))
+    probes = [c for c in runner.commands if "/probe.cpp " in c]
+    assert [p.rsplit(" ", 1)[1] for p in probes] == ["-lcrypto", "-lssl", "-lpthread"]
+    compiles = [c for c in runner.commands if c.startswith("g++ -std=c++17")]
+    assert len(compiles) == 2
+    assert all(
+        re.fullmatch(r"g\+\+ -std=c\+\+17 \S+/tmp[a-z0-9_]{8}\.cpp -o test -lpthread", c) for c in compiles
+    )
+    assert runner.commands.count("./test") == 2
+
+
+def test_scala_object_name_is_the_run_target(settings: Settings) -> None:
+    runner = FakeRunner()
+    engine_with(settings, runner).run_code(request(code="object Hello extends App {}", language="scala"))
+    assert runner.commands[0].startswith("scalac ") and runner.commands[0].endswith(".scala")
+    assert runner.commands[1] == "scala Hello"
+
+
+def test_scala_without_object_runs_nothing(settings: Settings, tmp_root: Path) -> None:
+    runner = FakeRunner()
+    response = engine_with(settings, runner).run_code(request(code="println(1)", language="scala"))
+    assert runner.calls == []
+    assert response.status == RunStatus.SandboxError
+    assert response.message == "Object name not found."
+    assert response.compile_result == CommandRunResult(
+        status=Error, return_code=1, stderr="Object name not found."
+    )
+    assert response.run_result is None
+    assert list(tmp_root.iterdir()) == []
+
+
+def test_csharp_setup_step_is_not_reported(settings: Settings) -> None:
+    def respond(spec: CommandSpec) -> CommandRunResult:
+        if spec.command.startswith("dotnet new"):
+            return finished(1, stderr="setup failed")
+        return finished(0, "hi\n")
+
+    runner = FakeRunner(respond)
+    response = engine_with(settings, runner).run_code(request(code="class P {}", language="csharp"))
+    workdir = runner.calls[0].spec.cwd
+    assert runner.commands == [f"dotnet new console -o {workdir}", f"dotnet run --project {workdir}"]
+    assert response.compile_result is None
+    assert response.run_result == finished(0, "hi\n")
+    assert response.status == RunStatus.Success
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="SandboxFusion runs `dotnet new console` first and then writes Program.cs over the template; "
+    "the engine writes Program.cs first, so `dotnet new` meets an existing Program.cs",
+)
+def test_csharp_project_is_created_before_the_code_is_written(settings: Settings) -> None:
+    runner = FakeRunner()
+    engine_with(settings, runner).run_code(request(code="class P {}", language="csharp"))
+    assert "Program.cs" not in runner.calls[0].cwd_listing
+
+
+# -- files in and out, errors ----------------------------------------------------------------------
+
+
+def test_files_are_restored_before_compiling_and_fetched_after_running(settings: Settings) -> None:
+    def respond(spec: CommandSpec) -> CommandRunResult:
+        if spec.command == "./test":
+            Path(spec.cwd, "out.txt").write_bytes(b"result")
+        return finished()
+
+    runner = FakeRunner(respond)
+    response = engine_with(settings, runner).run_code(
+        request(
+            code="fn main(){}",
+            language="rust",
+            files={"data/in.txt": b64(b"in"), "skip.txt": None},
+            fetch_files=["out.txt", "data/in.txt", "data", "missing"],
+        )
+    )
+    assert runner.calls[0].cwd_listing[0] == "data"
+    assert "skip.txt" not in runner.calls[0].cwd_listing
+    assert response.files == {"out.txt": b64(b"result"), "data/in.txt": b64(b"in")}
+
+
+def test_verilog_does_not_restore_files(settings: Settings) -> None:
+    runner = FakeRunner()
+    engine_with(settings, runner).run_code(
+        request(code="module tb; endmodule", language="verilog", files={"x.v": b64(b"x")})
+    )
+    assert "x.v" not in runner.calls[0].cwd_listing
+
+
+def test_bad_base64_is_a_sandbox_error_before_any_command(settings: Settings, tmp_root: Path) -> None:
+    runner = FakeRunner()
+    response = engine_with(settings, runner).run_code(
+        request(code="print(1)", language="python", files={"a": "aGVsbG8gd"})
+    )
+    assert runner.calls == []
+    assert response.status == RunStatus.SandboxError
+    assert response.message == (
+        "exception on running code print(1): Invalid base64-encoded string: number of data characters (9) "
+        "cannot be 1 more than a multiple of 4 None"
+    )
+    assert (response.compile_result, response.run_result, response.files) == (None, None, {})
+    assert list(tmp_root.iterdir()) == []
+
+
+def test_sql_has_no_runner(settings: Settings) -> None:
+    runner = FakeRunner()
+    response = engine_with(settings, runner).run_code(request(code="select 1;", language="sql"))
+    assert runner.calls == []
+    assert (response.status, response.message) == (
+        RunStatus.SandboxError,
+        "exception on running code select 1;: 'sql' None",
+    )
+
+
+def test_runner_exception_becomes_a_sandbox_error(settings: Settings, tmp_root: Path) -> None:
+    def explode(spec: CommandSpec) -> CommandRunResult:
+        raise RuntimeError("runner broke")
+
+    response = engine_with(settings, FakeRunner(explode)).run_code(request(code="x", language="python"))
+    assert response.status == RunStatus.SandboxError
+    assert response.message == "exception on running code x: runner broke None"
+    assert (response.compile_result, response.run_result) == (None, None)
+    assert list(tmp_root.iterdir()) == [], "the temp dir is removed on errors too"
+
+
+def test_unencodable_stdin_is_an_error_result_without_running(settings: Settings) -> None:
+    runner = FakeRunner()
+    response = engine_with(settings, runner).run_code(request(code="x", language="bash", stdin="\ud800"))
+    assert runner.calls == []
+    assert response.run_result is not None and response.run_result.status == Error
+    assert response.run_result.return_code is None and response.run_result.stdout is None
+    assert response.status == RunStatus.SandboxError
+    assert response.message.startswith("exception on running command /bin/bash ")
+    assert response.message.endswith("surrogates not allowed | None")
+
+
+def test_pod_name_comes_from_settings(settings: Settings) -> None:
+    response = engine_with(settings.replace(pod_name="pod-7"), FakeRunner()).run_code(
+        request(code="", language="bash")
+    )
+    assert response.executor_pod_name == "pod-7"
+
+
+# -- the real runner: SandboxFusion's on-disk layout ---------------------------------------------
+
+
+@pytest.fixture
+def real_engine(tmp_root: Path) -> Iterator[ExecutionEngine]:
+    engine, confinement = create_engine(Settings(tmp_root=str(tmp_root), pod_name=None))
+    yield engine
+    confinement.close()
+
+
+def test_real_layout_cwd_listing_argv(real_engine: ExecutionEngine, tmp_root: Path) -> None:
+    code = "import json, os, sys\nprint(json.dumps([os.getcwd(), sorted(os.listdir('.')), sys.argv]))"
+    response = real_engine.run_code(request(code=code, language="python", files={"in.txt": b64(b"x")}))
+    assert response.status == RunStatus.Success, response
+    assert response.run_result is not None and response.run_result.stdout is not None
+    cwd, listing, argv = json.loads(response.run_result.stdout)
+    assert Path(cwd).parent == tmp_root and re.fullmatch(r"tmp[a-z0-9_]{8}", Path(cwd).name)
+    assert len(argv) == 1 and Path(argv[0]).parent == Path(cwd)
+    code_file = Path(argv[0]).name
+    assert re.fullmatch(r"tmp[a-z0-9_]{8}\.py", code_file)
+    assert listing == sorted(["in.txt", code_file])
+    assert not Path(cwd).exists(), "the temp dir is removed after the run"
+
+
+def test_real_bash_layout(real_engine: ExecutionEngine) -> None:
+    """`/bin/bash <file>.sh` in the temp dir: $0 is the code file's absolute path, no arguments."""
+    response = real_engine.run_code(request(code='echo "$0" "$#"; pwd; ls', language="bash"))
+    assert response.run_result is not None and response.run_result.stdout is not None
+    script_and_argc, cwd, listing = response.run_result.stdout.splitlines()
+    script, argc = script_and_argc.rsplit(" ", 1)
+    assert argc == "0"
+    assert Path(script).parent == Path(cwd)
+    assert Path(script).name == listing
+    assert re.fullmatch(r"tmp[a-z0-9_]{8}\.sh", listing)
+
+
+class _UnusableConfinement:
+    name = "unusable"
+
+    def new_jail(self, leader_hint: str) -> object:
+        raise AssertionError("a run with no time left must not start a process")
+
+
+@pytest.mark.parametrize("timeout", [0, -1, float("nan")])
+def test_runner_with_no_time_left_never_starts_the_program(tmp_path: Path, timeout: float) -> None:
+    from mocksandbox.execution.process import ProcessRunner
+
+    runner = ProcessRunner(_UnusableConfinement(), 1024)  # type: ignore[arg-type]
+    result = runner.run(CommandSpec(f"touch {tmp_path}/ran", str(tmp_path), {}, None, timeout))
+    assert (result.status, result.return_code, result.stdout, result.stderr) == (TLE, None, "", "")
+    assert isinstance(result.execution_time, float)
+    assert not (tmp_path / "ran").exists()
