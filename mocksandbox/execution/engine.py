@@ -25,9 +25,45 @@ from mocksandbox.models import (
 )
 from mocksandbox.settings import Settings
 
-#: Variables of the server's environment that must not steer a user's program (a pytest run inside
-#: a test suite would otherwise inherit the suite's PYTEST_ADDOPTS, xdist worker ids and so on).
+#: Variables of the server's environment that must not steer a user's program: a pytest run inside
+#: a test suite would otherwise inherit the suite's PYTEST_ADDOPTS and xdist worker ids, and a
+#: PYTHONUNBUFFERED on the host would change what a timed-out program is seen to have printed.
 _HIDDEN_ENV_PREFIXES = ("PYTEST_", "MOCKSANDBOX_")
+_HIDDEN_PYTHON_VARIABLES = frozenset(
+    {
+        "PYTHONUNBUFFERED",
+        "PYTHONDEVMODE",
+        "PYTHONWARNINGS",
+        "PYTHONFAULTHANDLER",
+        "PYTHONTRACEMALLOC",
+        "PYTHONINSPECT",
+        "PYTHONVERBOSE",
+        "PYTHONBREAKPOINT",
+        "PYTHONSTARTUP",
+    }
+)
+
+
+def program_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The server's environment as user programs get it (SandboxFusion passes it whole)."""
+    return {
+        k: v
+        for k, v in environ.items()
+        if not k.startswith(_HIDDEN_ENV_PREFIXES) and k not in _HIDDEN_PYTHON_VARIABLES
+    }
+
+
+def interpreter_placeholders(python: str) -> dict[str, str]:
+    """``{python}`` and ``{pytest}`` as SandboxFusion spells them, ``python <f>`` and ``pytest <f>``
+    found on PATH, when the interpreter's directory has those names (venvs, conda, pyenv);
+    otherwise the interpreter's full path (and ``-m pytest``)."""
+    bin_dir = Path(python).parent
+    if (bin_dir / "python").exists() and os.path.samefile(bin_dir / "python", python):
+        python_word = "python"
+    else:
+        python_word = shlex.quote(python)
+    pytest_word = "pytest" if (bin_dir / "pytest").exists() else f"{python_word} -m pytest"
+    return {"python": python_word, "pytest": pytest_word}
 
 
 class CommandRunner(Protocol):
@@ -43,7 +79,8 @@ class ExecutionEngine:
         self.settings = settings
         self.runner = runner
         self.confinement_name = confinement_name
-        self._base_env = {k: v for k, v in os.environ.items() if not k.startswith(_HIDDEN_ENV_PREFIXES)}
+        self._base_env = program_environment(os.environ)
+        self._interpreter_placeholders = interpreter_placeholders(settings.python)
         python_dir = str(Path(settings.python).parent)
         self._python_env = {
             **self._base_env,
@@ -83,7 +120,7 @@ class ExecutionEngine:
         self, spec: LanguageSpec, request: RunCodeRequest
     ) -> tuple[CommandRunResult | None, CommandRunResult | None, dict[str, str]]:
         # Values are shell-quoted here, once; templates are our own text (languages.py).
-        placeholders: dict[str, str] = {"python": shlex.quote(self.settings.python)}
+        placeholders = dict(self._interpreter_placeholders)
         if "object_name" in spec.needs:
             object_name = find_scala_object_name(request.code)
             if not object_name:
@@ -99,14 +136,16 @@ class ExecutionEngine:
         try:
             if spec.restores_files:
                 restore_files(workdir, request.files)
-            code_path = self._write_code(workdir, spec, request.code)
-            placeholders.update(file=shlex.quote(code_path), dir=shlex.quote(workdir))
+            placeholders["dir"] = shlex.quote(workdir)
             env = self._python_env if spec.python_env else self._base_env
-
             if spec.setup_command is not None:
+                # Before the code is written, as SandboxFusion does: C#'s `dotnet new console`
+                # makes a template Program.cs that the user's code then replaces.
                 self._command(
                     spec.setup_command, placeholders, workdir, env, None, request.compile_timeout, -1
                 )
+            code_path = self._write_code(workdir, spec, request.code)
+            placeholders["file"] = shlex.quote(code_path)
             compile_result = None
             if spec.compile_command is not None:
                 compile_result = self._command(

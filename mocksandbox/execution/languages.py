@@ -7,6 +7,7 @@ paths, the configured interpreter), never with text from the request:
 
 ``{file}``  absolute path of the code file       ``{dir}``          the temp dir
 ``{python}`` the interpreter for user Python code ``{cpp_flags}``    optional g++ link flags that work here
+``{pytest}`` pytest for that interpreter
 ``{object_name}`` the Scala ``object`` to run
 """
 
@@ -67,7 +68,7 @@ LANGUAGES: Mapping[str, LanguageSpec] = {
     spec.name: spec
     for spec in (
         LanguageSpec("python", ".py", run_command="{python} {file}", python_env=True),
-        LanguageSpec("pytest", ".py", run_command="{python} -m pytest {file}", python_env=True),
+        LanguageSpec("pytest", ".py", run_command="{pytest} {file}", python_env=True),
         LanguageSpec(
             "cpp",
             ".cpp",

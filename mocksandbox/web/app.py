@@ -5,7 +5,7 @@ from __future__ import annotations
 import traceback
 
 from flask import Flask, Response, request
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from mocksandbox.core import MockSandbox
 from mocksandbox.web import control_api, sandbox_api
@@ -19,11 +19,20 @@ def create_app(sandbox: MockSandbox) -> Flask:
     app = Flask("mocksandbox")
     app.extensions["mocksandbox"] = sandbox
     app.url_map.strict_slashes = True
+    # FastAPI has no automatic OPTIONS (nor HEAD, see below): both answer 405 there.
+    app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
     app.register_blueprint(sandbox_api.blueprint)
     if sandbox.settings.control_api:
         app.register_blueprint(control_api.blueprint)
     # Journal, cap and faults wrap everything, so that faulted and rejected answers are recorded.
     app.wsgi_app = MockLayer(app.wsgi_app, sandbox)  # type: ignore[method-assign]
+
+    @app.before_request
+    def _no_implicit_head() -> None:
+        rule = request.url_rule
+        if request.method == "HEAD" and rule is not None:
+            allowed = sorted((rule.methods or set()) - {"HEAD", "OPTIONS"})
+            raise MethodNotAllowed(valid_methods=allowed)
 
     @app.errorhandler(RequestValidationError)
     def _validation_error(exc: RequestValidationError) -> Response:
@@ -35,6 +44,16 @@ def create_app(sandbox: MockSandbox) -> Flask:
 
     @app.errorhandler(HTTPException)
     def _http_error(exc: HTTPException) -> Response:
+        if exc.code == 404 and len(request.path) > 1 and request.path.endswith("/"):
+            # Starlette's redirect_slashes: 307 to the same URL without the trailing slash.
+            target = request.path.rstrip("/")
+            try:
+                app.url_map.bind("").match(target, method=request.method)
+            except HTTPException:
+                pass
+            else:
+                location = request.url.replace(request.path, target, 1)
+                return Response(b"", status=307, headers={"Location": location})
         # FastAPI words these as Starlette's phrases: {"detail": "Not Found"}, "Method Not Allowed".
         headers = {}
         if exc.code == 405 and exc.valid_methods:  # type: ignore[attr-defined]
@@ -46,8 +65,7 @@ def create_app(sandbox: MockSandbox) -> Flask:
         # SandboxFusion's global handler: 500 with the message and the traceback lines. The error
         # is also kept so that the test that caused it can re-raise it.
         sandbox.record_error(request.path, exc)
-        lines = traceback.format_exception(exc)
-        detail_lines = [line.rstrip("\n") for chunk in lines for line in chunk.splitlines()]
-        return json_response({"detail": str(exc), "traceback": detail_lines}, status=500)
+        lines = "".join(traceback.format_exception(exc)).split("\n")  # format_exc().split("\n")
+        return json_response({"detail": str(exc), "traceback": lines}, status=500)
 
     return app

@@ -252,11 +252,6 @@ def test_csharp_setup_step_is_not_reported(settings: Settings) -> None:
     assert response.status == RunStatus.Success
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SandboxFusion runs `dotnet new console` first and then writes Program.cs over the template; "
-    "the engine writes Program.cs first, so `dotnet new` meets an existing Program.cs",
-)
 def test_csharp_project_is_created_before_the_code_is_written(settings: Settings) -> None:
     runner = FakeRunner()
     engine_with(settings, runner).run_code(request(code="class P {}", language="csharp"))

@@ -15,7 +15,7 @@ from mocksandbox.execution.languages import (
 )
 from mocksandbox.models import ALL_LANGUAGES
 
-PLACEHOLDERS = {"file", "dir", "python", "cpp_flags", "object_name"}
+PLACEHOLDERS = {"file", "dir", "python", "pytest", "cpp_flags", "object_name"}
 
 
 def fields_of(template: str) -> set[str]:

@@ -306,28 +306,23 @@ def test_wrong_method_is_405(contract_client: FlaskClient, method: str, path: st
     assert response.get_data() == b'{"detail":"Method Not Allowed"}'
 
 
-# -- known fidelity gaps (from FastAPI 0.103 / Starlette 0.27 source; see the report) ------------
-# strict: when the package is fixed these start passing and must lose their marker.
+# -- edges of FastAPI 0.103 / Starlette 0.27 (read from their source) -------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="FastAPI's 405 names only the route's methods: Allow: POST")
 def test_405_allow_header_names_only_post(contract_client: FlaskClient) -> None:
     assert contract_client.get("/run_code").headers["Allow"] == "POST"
 
 
-@pytest.mark.xfail(strict=True, reason="FastAPI has no automatic OPTIONS: 405 JSON, not Flask's 200")
 def test_options_run_code_is_405(contract_client: FlaskClient) -> None:
     response = contract_client.options("/run_code")
     assert response.status_code == 405
     assert response.get_data() == b'{"detail":"Method Not Allowed"}'
 
 
-@pytest.mark.xfail(strict=True, reason="FastAPI's APIRoute does not add HEAD to GET routes: 405")
 def test_head_ping_is_405(contract_client: FlaskClient) -> None:
     assert contract_client.head("/v1/ping").status_code == 405
 
 
-@pytest.mark.xfail(strict=True, reason="Starlette redirect_slashes: 307 to the path without the slash")
 def test_trailing_slash_redirects(contract_client: FlaskClient) -> None:
     response = contract_client.post("/run_code/", json={"code": "print(1)", "language": "python"})
     assert response.status_code == 307
@@ -351,9 +346,6 @@ def test_uncaught_exception_is_500_with_traceback(contract_sandbox: MockSandbox)
     assert "RuntimeError: kaput" in traceback_lines
 
 
-@pytest.mark.xfail(
-    strict=True, reason="SandboxFusion sends traceback.format_exc().split('\\n'): last item ''"
-)
 def test_uncaught_exception_traceback_ends_with_empty_line(contract_sandbox: MockSandbox) -> None:
     app = create_app(contract_sandbox)
 
