@@ -20,6 +20,9 @@ $(VENV)/.installed-serve: pyproject.toml | $(BIN)/python
 
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev,jupyter,ray,stress,docker]'
+	# verl's SandboxFusion client, for the compatibility tests: only its pure-Python files (its
+	# full dependency set is torch and friends), loaded by path by tests/server/test_client_compat.py.
+	$(BIN)/python -m pip install --quiet --no-deps 'verl==0.9.1'
 	touch $@
 
 serve: $(VENV)/.installed-serve

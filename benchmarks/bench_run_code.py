@@ -1,0 +1,343 @@
+#!/usr/bin/env python3
+"""Throughput and latency of POST /run_code for ``print(1)``, next to the cost of a bare spawn.
+
+By default the mock is started in this process (``ServerThread`` on 127.0.0.1, a free port), so the
+benchmark's client threads share its interpreter; pass ``--url`` to measure a server running on its
+own (``mocksandbox serve``). ``--reference-url`` measures a second server (e.g. a real SandboxFusion)
+with the same workload in the same run and prints the mock/reference ratios.
+
+Only loopback addresses are ever targeted unless you pass a URL yourself.
+
+    python benchmarks/bench_run_code.py --requests 100
+    python benchmarks/bench_run_code.py --reference-url http://127.0.0.1:8080 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ipaddress
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import requests
+
+PAYLOAD = {"code": "print(1)", "language": "python"}
+EXPECTED_STDOUT = "1\n"
+
+
+@dataclass
+class Level:
+    """The figures of one target at one concurrency."""
+
+    concurrency: int
+    requests: int
+    ok: int
+    errors: int
+    wall_s: float
+    rps: float
+    p50_ms: float
+    p95_ms: float
+    mean_ms: float
+    first_error: str | None = None
+
+
+@dataclass
+class Target:
+    name: str
+    url: str
+    levels: list[Level] = field(default_factory=list)
+
+    def level(self, concurrency: int) -> Level:
+        return next(lv for lv in self.levels if lv.concurrency == concurrency)
+
+
+def percentile(values: list[float], pct: float) -> float:
+    """Nearest-rank percentile (``pct`` in 0..100) of a non-empty list."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(pct / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def is_loopback_url(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check(response: requests.Response) -> str | None:
+    """``None`` if the answer is a correct run of ``print(1)``, else what was wrong with it."""
+    if response.status_code != 200:
+        return f"HTTP {response.status_code}: {response.text[:200]}"
+    try:
+        body = response.json()
+    except ValueError:
+        return f"not JSON: {response.text[:200]}"
+    run_result = body.get("run_result") or {}
+    if body.get("status") != "Success" or run_result.get("stdout") != EXPECTED_STDOUT:
+        return f"unexpected answer: {json.dumps(body)[:200]}"
+    return None
+
+
+def run_level(url: str, concurrency: int, total: int, timeout: float) -> Level:
+    """``total`` requests from ``concurrency`` threads, each with its own ``requests.Session``."""
+    endpoint = url.rstrip("/") + "/run_code"
+    trust_env = not is_loopback_url(url)  # never let a proxy variable take loopback traffic elsewhere
+    latencies: list[float] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    next_index = iter(range(total))
+    gate = threading.Barrier(concurrency + 1)
+
+    def worker() -> None:
+        with requests.Session() as session:
+            session.trust_env = trust_env
+            gate.wait()
+            while True:
+                with lock:
+                    if next(next_index, None) is None:
+                        return
+                started = time.perf_counter()
+                try:
+                    response = session.post(endpoint, json=PAYLOAD, timeout=timeout)
+                    problem = _check(response)
+                except requests.RequestException as exc:
+                    problem = f"{type(exc).__name__}: {exc}"
+                elapsed = time.perf_counter() - started
+                with lock:
+                    if problem is None:
+                        latencies.append(elapsed)
+                    else:
+                        errors.append(problem)
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    gate.wait()
+    started = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - started
+    ok = len(latencies)
+    return Level(
+        concurrency=concurrency,
+        requests=total,
+        ok=ok,
+        errors=len(errors),
+        wall_s=wall,
+        rps=ok / wall if wall > 0 else 0.0,
+        p50_ms=percentile(latencies, 50) * 1000 if ok else math.nan,
+        p95_ms=percentile(latencies, 95) * 1000 if ok else math.nan,
+        mean_ms=statistics.fmean(latencies) * 1000 if ok else math.nan,
+        first_error=errors[0] if errors else None,
+    )
+
+
+def measure_target(name: str, url: str, levels: list[int], total: int, warmup: int, timeout: float) -> Target:
+    target = Target(name, url)
+    if warmup:
+        run_level(url, 1, warmup, timeout)
+    for concurrency in levels:
+        target.levels.append(run_level(url, concurrency, total, timeout))
+    return target
+
+
+def measure_spawn(python: str, runs: int) -> dict[str, Any]:
+    """``python -c 'print(1)'`` with ``subprocess.run``, ``runs`` times, one after another."""
+    subprocess.run([python, "-c", "print(1)"], capture_output=True, check=True)  # warm the page cache
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        done = subprocess.run([python, "-c", "print(1)"], capture_output=True, check=True)
+        times.append(time.perf_counter() - started)
+        if done.stdout != b"1\n":
+            raise RuntimeError(f"{python} -c 'print(1)' printed {done.stdout!r}")
+    return {
+        "python": python,
+        "runs": runs,
+        "p50_ms": percentile(times, 50) * 1000,
+        "p95_ms": percentile(times, 95) * 1000,
+        "mean_ms": statistics.fmean(times) * 1000,
+    }
+
+
+@contextlib.contextmanager
+def in_process_mock() -> Iterator[tuple[str, str, str]]:
+    """A mock on 127.0.0.1 (free port) in a background thread: (url, user python, confinement)."""
+    from mocksandbox.core import MockSandbox
+    from mocksandbox.server import ServerThread
+
+    box = MockSandbox.create()
+    server = ServerThread(box, "127.0.0.1", 0).start()
+    try:
+        yield server.url, box.settings.python, box.engine.confinement_name
+    finally:
+        server.stop()
+        box.close()
+
+
+def _no_nan(value: Any) -> Any:
+    """``value`` with NaN floats as ``None``, so that the JSON file is strict JSON."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _no_nan(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_no_nan(v) for v in value]
+    return value
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b and not math.isnan(a) and not math.isnan(b) else math.nan
+
+
+def print_report(
+    targets: list[Target], spawn: dict[str, Any], ratios: dict[str, Any], info: dict[str, Any]
+) -> None:
+    print(f"\nPOST /run_code {json.dumps(PAYLOAD)}  ({info['requests']} requests per level)")
+    for key in ("mock_url", "mock_mode", "confinement", "user_python", "host", "load_1min"):
+        if info.get(key):
+            print(f"  {key.replace('_', ' ')}: {info[key]}")
+    header = (
+        f"{'target':<10} {'conc':>4} {'ok':>5} {'err':>4} {'req/s':>8} "
+        f"{'p50 ms':>8} {'p95 ms':>8} {'mean ms':>8}"
+    )
+    print("\n" + header + "\n" + "-" * len(header))
+    for target in targets:
+        for lv in target.levels:
+            print(
+                f"{target.name:<10} {lv.concurrency:>4} {lv.ok:>5} {lv.errors:>4} {lv.rps:>8.1f} "
+                f"{lv.p50_ms:>8.1f} {lv.p95_ms:>8.1f} {lv.mean_ms:>8.1f}"
+            )
+    print(
+        f"\nbare spawn: {spawn['python']} -c 'print(1)' x{spawn['runs']}: "
+        f"p50 {spawn['p50_ms']:.1f} ms, p95 {spawn['p95_ms']:.1f} ms"
+    )
+    print(
+        f"mock p50 at concurrency {ratios['mock_p50_over_spawn_p50_at_concurrency']} / bare spawn p50"
+        f" = {ratios['mock_p50_over_spawn_p50']:.2f}x"
+    )
+    if "mock_over_reference" in ratios:
+        print("\nmock / reference   (req/s ratio > 1: mock faster;  p50 ratio < 1: mock faster)")
+        print(f"{'conc':>4} {'req/s ratio':>12} {'p50 ratio':>10}")
+        for row in ratios["mock_over_reference"]:
+            print(f"{row['concurrency']:>4} {row['rps_ratio']:>12.2f} {row['p50_ratio']:>10.2f}")
+    for target in targets:
+        for lv in target.levels:
+            if lv.first_error:
+                print(f"\n{target.name} c={lv.concurrency}: {lv.errors} error(s), first: {lv.first_error}")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--url", help="measure this server instead of an in-process mock")
+    parser.add_argument("--reference-url", help="also measure this server and print mock/reference ratios")
+    parser.add_argument("--requests", type=int, default=200, help="requests per concurrency level (200)")
+    parser.add_argument(
+        "--concurrency", default="1,4,16", help="comma-separated concurrency levels (default 1,4,16)"
+    )
+    parser.add_argument("--spawn-runs", type=int, help="bare spawns to time (default: --requests)")
+    parser.add_argument(
+        "--python", help="interpreter for the bare spawn (default: the one the mock runs user code with)"
+    )
+    parser.add_argument("--warmup", type=int, default=5, help="untimed requests per target first (5)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="client timeout per request, s (60)")
+    parser.add_argument("--json", metavar="FILE", help="write the figures to FILE as JSON")
+    args = parser.parse_args(argv)
+    try:
+        args.levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    except ValueError:
+        parser.error("--concurrency takes integers, e.g. 1,4,16")
+    if not args.levels or min(args.levels) < 1 or args.requests < 1:
+        parser.error("--concurrency and --requests must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    load_before = os.getloadavg()[0]
+    with contextlib.ExitStack() as stack:
+        if args.url:
+            mock_url, mode, confinement = args.url, "external (--url)", None
+            if args.python:
+                python = args.python
+            else:
+                from mocksandbox.settings import load_settings
+
+                python = load_settings().python
+        else:
+            mock_url, python, confinement = stack.enter_context(in_process_mock())
+            mode = "in-process ServerThread (shares this interpreter with the client threads)"
+            python = args.python or python
+
+        targets = [measure_target("mock", mock_url, args.levels, args.requests, args.warmup, args.timeout)]
+        if args.reference_url:
+            targets.append(
+                measure_target(
+                    "reference", args.reference_url, args.levels, args.requests, args.warmup, args.timeout
+                )
+            )
+        spawn = measure_spawn(python, args.spawn_runs or args.requests)
+
+    mock = targets[0]
+    lowest = min(args.levels)  # 1 unless --concurrency leaves it out
+    ratios: dict[str, Any] = {
+        "mock_p50_over_spawn_p50": _ratio(mock.level(lowest).p50_ms, spawn["p50_ms"]),
+        "mock_p50_over_spawn_p50_at_concurrency": lowest,
+    }
+    if args.reference_url:
+        reference = targets[1]
+        ratios["mock_over_reference"] = [
+            {
+                "concurrency": c,
+                "rps_ratio": _ratio(mock.level(c).rps, reference.level(c).rps),
+                "p50_ratio": _ratio(mock.level(c).p50_ms, reference.level(c).p50_ms),
+            }
+            for c in args.levels
+        ]
+    info = {
+        "requests": args.requests,
+        "mock_url": mock_url,
+        "mock_mode": mode,
+        "confinement": confinement,
+        "user_python": python,
+        "host": f"{platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}",
+        # Other work on the machine skews every figure; this says how busy it was.
+        "load_1min": f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after",
+    }
+    print_report(targets, spawn, ratios, info)
+    if args.json:
+        figures = {
+            "payload": PAYLOAD,
+            "info": info,
+            "targets": [asdict(t) for t in targets],
+            "spawn": spawn,
+            "ratios": ratios,
+        }
+        with open(args.json, "w") as handle:
+            json.dump(_no_nan(figures), handle, indent=2, allow_nan=False)
+            handle.write("\n")
+        print(f"\nfigures written to {args.json}")
+    failed = sum(lv.errors for t in targets for lv in t.levels)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
