@@ -1,7 +1,7 @@
 """Read the request corpora in ``fixtures/corpus`` and compare answers with what they expect.
 
-Plain functions, no mocksandbox imports: the same helpers serve the Flask test client here and any
-HTTP client elsewhere.
+Plain functions over JSON data: the same helpers serve the Flask test client in the project's
+tests and the HTTP clients of the differential contract mode.
 
 A corpus is JSON Lines, one case per line::
 
@@ -36,7 +36,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-CORPUS_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "corpus"
+#: ``fixtures/corpus`` of the checkout; the package reaches it through the ``corpus`` symlink
+#: beside this module, which wheels carry as a real directory.
+CORPUS_DIR = Path(__file__).resolve().parent / "corpus"
 
 RESULT_KEYS = ("status", "return_code", "stdout", "stderr")
 
@@ -59,9 +61,9 @@ _CARET_LINE = re.compile(r"^[ \t]*[\^~][\^~ \t]*$")
 _QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'"})
 
 
-def load_corpus(name: str = "run_code") -> list[dict[str, Any]]:
-    """All cases of ``fixtures/corpus/<name>.jsonl``, in file order."""
-    path = CORPUS_DIR / f"{name}.jsonl"
+def load_corpus(name: str = "run_code", directory: Path | None = None) -> list[dict[str, Any]]:
+    """All cases of ``<directory or fixtures/corpus>/<name>.jsonl``, in file order."""
+    path = (directory or CORPUS_DIR) / f"{name}.jsonl"
     cases = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if line.strip():

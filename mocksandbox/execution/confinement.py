@@ -159,16 +159,19 @@ def _remove_dir_tree(parent: Path) -> None:
         pass
 
 
+_INSTANCES = itertools.count()
+
+
 def _remove_stale_parents(home: Path) -> None:
     """Remove the cgroups of mocksandbox servers that died without cleaning up (e.g. SIGKILL)."""
     for parent in home.glob("mocksandbox-*"):
-        pid_text = parent.name.removeprefix("mocksandbox-")
+        pid_text = parent.name.removeprefix("mocksandbox-").split("-", 1)[0]
         if pid_text.isdigit() and not psutil.pid_exists(int(pid_text)):
             _remove_dir_tree(parent)
 
 
 class CgroupConfinement:
-    """A cgroup per run under ``<own cgroup>/mocksandbox-<pid>`` in each v1 controller."""
+    """A cgroup per run under ``<own cgroup>/mocksandbox-<pid>-<instance>`` in each v1 controller."""
 
     name = "cgroup"
 
@@ -178,10 +181,12 @@ class CgroupConfinement:
         self._counter = itertools.count()
         self._lock = threading.Lock()
         self._parents: dict[str, Path] = {}
+        # Several sandboxes may live in one process (tests, fixtures): each gets its own groups.
+        self._instance = next(_INSTANCES)
         for controller in _CONTROLLERS:
             home = _CGROUP_ROOT / controller / _own_cgroup_path(controller).lstrip("/")
             _remove_stale_parents(home)
-            parent = home / f"mocksandbox-{os.getpid()}"
+            parent = home / f"mocksandbox-{os.getpid()}-{self._instance}"
             parent.mkdir(exist_ok=True)
             self._parents[controller] = parent
         # Prove that a child group can be made, configured and removed before claiming to work.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from corpus_tools import compare_answer, normalize_text, request_parts, skip_reason
+from mocksandbox.contract.corpus import compare_answer, normalize_text, request_parts, skip_reason
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from corpus_tools import compare_answer, describe_mismatch, load_corpus, request_parts, skip_reason
+from mocksandbox.contract.corpus import compare_answer, describe_mismatch, load_corpus, request_parts, skip_reason
 from flask import Flask
 from flask.testing import FlaskClient
 
