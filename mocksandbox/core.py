@@ -13,10 +13,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from mocksandbox.datasets import DatasetService
 from mocksandbox.execution.confinement import Confinement
 from mocksandbox.execution.engine import ExecutionEngine, create_engine
 from mocksandbox.faults import FaultInjector, FaultRule, FaultSpec, load_fault_file, parse_fault_specs
 from mocksandbox.journal import InFlight, Journal, JournalEntry, nearest
+from mocksandbox.jupyter import JupyterService
+from mocksandbox.sessions import SessionManager
 from mocksandbox.settings import Settings, load_settings
 
 
@@ -62,9 +65,17 @@ class MockSandbox:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         baseline_faults: list[FaultSpec] | None = None,
+        sessions: SessionManager | None = None,
+        datasets: DatasetService | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine
+        #: Dataset endpoints (/list_datasets, /get_prompts, /submit, ...); programs run on the engine.
+        self.datasets = datasets if datasets is not None else DatasetService.from_settings(settings, engine)
+        #: /run_jupyter; its kernel pool starts on first use (at once with ``jupyter_prewarm``).
+        self.jupyter = JupyterService(settings)
+        #: swedev sessions (/start_instance, /process_action, /postprocess, /compute_reward).
+        self.sessions = sessions if sessions is not None else SessionManager.create(settings, engine.runner)
         self.confinement = confinement
         self.sleep = sleep
         self.faults = FaultInjector(clock)
@@ -75,6 +86,8 @@ class MockSandbox:
             baseline_faults if baseline_faults is not None else self._configured_faults(settings)
         )
         self._errors: list[ServerError] = []
+        #: Called by close(), last added first (e.g. the launcher process).
+        self._closers: list[Callable[[], None]] = []
         self._errors_lock = threading.Lock()
         self.faults.add_all(self._baseline_faults)
 
@@ -83,8 +96,21 @@ class MockSandbox:
         """A sandbox with the real engine, confined as the host allows."""
         settings = settings or load_settings()
         baseline = cls._configured_faults(settings)  # fail on a bad fault file before any set-up
-        engine, confinement = create_engine(settings)
-        return cls(settings, engine, confinement, baseline_faults=baseline)
+        engine, confinement, launcher = create_engine(settings)
+        try:  # instances are loaded and checked, a configured state dir is opened (and locked)
+            sessions = SessionManager.create(settings, engine.runner)
+            datasets = DatasetService.from_settings(settings, engine)  # dataset files are read and checked
+        except BaseException:
+            launcher.close()
+            confinement.close()
+            raise
+        box = cls(
+            settings, engine, confinement, baseline_faults=baseline, sessions=sessions, datasets=datasets
+        )
+        box._closers.append(launcher.close)
+        if settings.jupyter_prewarm:
+            box.jupyter.warm()  # in the background: start-up does not wait for kernels
+        return box
 
     @staticmethod
     def _configured_faults(settings: Settings) -> list[FaultSpec]:
@@ -96,7 +122,11 @@ class MockSandbox:
     # -- state ---------------------------------------------------------------------------------
 
     def reset(self) -> None:
-        """Back to the configured baseline: journal, stats, in-flight maximum, faults, cap, errors."""
+        """Back to the configured baseline: journal, stats, in-flight maximum, faults, cap, errors,
+        and no swedev sessions (live ones are ended, their work dirs and all records removed;
+        instances stay loaded)."""
+        self.sessions.reset()
+        self.jupyter.reset()  # counts only: no kernel ever serves two requests
         self.journal.reset()
         self.in_flight.reset()
         self.faults.reset()
@@ -106,7 +136,11 @@ class MockSandbox:
             self._errors.clear()
 
     def close(self) -> None:
-        """Release host resources (the per-run cgroup parents)."""
+        """Release host resources: helper processes, then the per-run cgroup parents."""
+        self.sessions.close()  # a temporary state dir goes; a configured one is kept for a restart
+        self.jupyter.close()  # every kernel and the kernel fork server
+        while self._closers:
+            self._closers.pop()()
         self.confinement.close()
 
     # -- faults and cap ------------------------------------------------------------------------

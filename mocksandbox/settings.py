@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 ENV_PREFIX = "MOCKSANDBOX_"
 
@@ -39,6 +39,9 @@ class Settings(BaseModel):
     #: Upper bound on any run or compile timeout, in seconds (SandboxFusion has none; NaN or
     #: infinity there means "no limit", which a shared server cannot afford).
     max_timeout_s: float = Field(3600.0, gt=0)
+    #: ``fork``: Python programs run in a forked warm interpreter (no start-up cost); ``spawn``:
+    #: every program is a new process, as in SandboxFusion. Fork falls back to spawn where it must.
+    exec_mode: Literal["fork", "spawn"] = "fork"
     #: How runs are confined: a cgroup per run where the host allows it, else process groups and rlimits.
     confinement: Literal["auto", "cgroup", "process-group"] = "auto"
     #: Upper bound on processes (threads included) one run may have at once (cgroup ``pids.max``).
@@ -69,6 +72,54 @@ class Settings(BaseModel):
     faults_file: str | None = None
     #: How many requests the journal keeps (counts and stats cover all of them).
     journal_limit: int = Field(10_000, ge=1)
+
+    # -- swedev sessions (see mocksandbox.sessions) --------------------------------------------
+    #: Instance directories or JSONL files of SWE-bench rows, added to the shipped ``fixtures/swedev``
+    #: (``--instances DIR``, repeatable; in the environment, separated by ``:``).
+    instances_dirs: list[str] = Field(default_factory=list)
+    #: Where session records (SQLite) and work dirs live. ``None``: a temporary dir, removed when
+    #: the server stops; give one to keep sessions and rewards across restarts.
+    state_dir: str | None = None
+    #: SandboxFusion URL to run every session command and test on (``/run_code`` with the repository
+    #: as ``files``) instead of locally: the adapter of the design document.
+    swedev_backend: str | None = None
+    #: Interpreter for tests on the ``swedev_backend`` (an absolute path also goes first on PATH there).
+    swedev_backend_python: str = "python3"
+    #: Seconds a live session may sit idle before it is reclaimed (state ``leaked``, patch kept).
+    session_ttl_s: float = Field(3600.0, gt=0)
+    #: Live sessions at once; ``/start_instance`` beyond that answers 503.
+    max_sessions: int = Field(1024, ge=1)
+    #: ``reward`` of ``/compute_reward``: ``f2p`` (fraction of FAIL_TO_PASS passing) or ``resolved`` (0/1).
+    reward_mode: Literal["f2p", "resolved"] = "f2p"
+    #: Default timeout of one ``execute_bash`` call, in seconds (OpenHands' default is 120).
+    session_command_timeout_s: float = Field(120.0, gt=0)
+    #: Timeout of the test run that scores a session, in seconds.
+    reward_timeout_s: float = Field(600.0, gt=0)
+
+    # -- datasets and Jupyter (see mocksandbox.datasets, mocksandbox.jupyter) -------------------
+    #: Directories of dataset files (``code_eval_<id>.jsonl`` or ``<id>.jsonl``) for the dataset
+    #: endpoints, after the samples (``--datasets DIR``, repeatable; in the environment, ``:``-separated).
+    datasets_dirs: list[str] = Field(default_factory=list)
+    #: Also serve the sample datasets of ``fixtures/datasets`` (present in a source checkout).
+    sample_datasets: bool = True
+    #: Kernels kept started for /run_jupyter (each serves one request, then is killed); 0: every
+    #: request starts its own, as SandboxFusion does.
+    jupyter_pool_size: int = Field(2, ge=0)
+    #: Fill the kernel pool at start-up (in the background) instead of at the first /run_jupyter.
+    jupyter_prewarm: bool = False
+    #: ``fork``: kernels are forked from a helper that imported ipykernel once (~0.2 s each);
+    #: ``spawn``: ``python -m ipykernel_launcher`` per kernel (~1.2 s), as SandboxFusion.
+    jupyter_launcher: Literal["fork", "spawn"] = "fork"
+    #: Seconds a kernel may take to start before the request fails.
+    jupyter_startup_timeout_s: float = Field(60.0, gt=0)
+
+    @field_validator("instances_dirs", "datasets_dirs", mode="before")
+    @classmethod
+    def _split_paths(cls, value: Any) -> Any:
+        # From the environment or a config file, a single string of paths separated by ':'.
+        if isinstance(value, str):
+            return [part for part in value.split(os.pathsep) if part]
+        return value
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` applied and validated."""

@@ -31,6 +31,9 @@ _CONTROLLERS = ("pids", "memory", "freezer")
 class RunJail(Protocol):
     """The confinement of one run."""
 
+    #: ``cgroup.procs`` files the run's first process writes its pid to (empty: none).
+    procs_files: list[str]
+
     def enter(self) -> None:
         """Called in the child between fork and exec: join the confinement. Async-signal-safe work only."""
 
@@ -86,8 +89,9 @@ class CgroupJail:
                 _write(memsw, str(max_memory_bytes))
             except OSError:
                 pass  # swap accounting off: the plain memory limit still holds
-        # Precomputed so that enter() only makes raw system calls in the forked child.
-        self._procs_files = [os.fsencode(d / "cgroup.procs") for d in dirs.values()]
+        self.procs_files = [str(d / "cgroup.procs") for d in dirs.values()]
+        # Precomputed so that enter() only makes raw system calls in a forked child.
+        self._procs_files = [os.fsencode(p) for p in self.procs_files]
 
     def enter(self) -> None:
         pid = str(os.getpid()).encode()
@@ -224,6 +228,7 @@ class ProcessGroupJail:
 
     def __init__(self) -> None:
         self.leader_pid: int | None = None
+        self.procs_files: list[str] = []
         self._known: dict[int, psutil.Process] = {}
 
     def enter(self) -> None:

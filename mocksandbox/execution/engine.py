@@ -14,6 +14,7 @@ from typing import Protocol
 
 from mocksandbox.execution.confinement import Confinement, create_confinement
 from mocksandbox.execution.languages import LANGUAGES, LanguageSpec, find_scala_object_name
+from mocksandbox.execution.launcher import Launcher
 from mocksandbox.execution.process import CommandSpec, ProcessRunner
 from mocksandbox.models import (
     CommandRunResult,
@@ -169,6 +170,7 @@ class ExecutionEngine:
                     request.stdin,
                     request.run_timeout,
                     request.memory_limit_MB,
+                    python_file=code_path if self._forks(spec, request) else None,
                 )
             return compile_result, run_result, fetch_files(workdir, request.fetch_files)
         finally:
@@ -183,6 +185,7 @@ class ExecutionEngine:
         stdin: str | None,
         timeout: float,
         memory_limit_mb: int,
+        python_file: str | None = None,
     ) -> CommandRunResult:
         command = template.format_map(placeholders)
         try:
@@ -199,7 +202,22 @@ class ExecutionEngine:
                 stdin=stdin_bytes,
                 timeout=min(timeout, self.settings.max_timeout_s),
                 memory_limit_mb=memory_limit_mb,
+                python_file=python_file,
             )
+        )
+
+    def _forks(self, spec: LanguageSpec, request: RunCodeRequest) -> bool:
+        """Whether this run takes the warm fork path.
+
+        Only plain Python, and not under a memory limit: an address-space limit applied to a
+        forked interpreter cannot reproduce what it does to a new one (a 5 MB limit fails at
+        load time there, rc 127), so those runs are spawned.
+        """
+        return (
+            self.settings.exec_mode == "fork"
+            and spec.name == "python"
+            and request.memory_limit_MB <= 0
+            and self._interpreter_placeholders["python"] == "python"
         )
 
     @staticmethod
@@ -260,8 +278,12 @@ def fetch_files(workdir: str, names: list[str]) -> dict[str, str]:
     return fetched
 
 
-def create_engine(settings: Settings) -> tuple[ExecutionEngine, Confinement]:
-    """The real engine: subprocesses confined as the host allows."""
+def create_engine(settings: Settings) -> tuple[ExecutionEngine, Confinement, Launcher]:
+    """The real engine: programs started by the launcher, confined as the host allows."""
     confinement = create_confinement(settings.confinement, settings.max_processes, settings.max_memory_mb)
-    runner = ProcessRunner(confinement, settings.max_output_bytes)
-    return ExecutionEngine(settings, runner, confinement.describe()), confinement
+    env = program_environment(os.environ)
+    env["PATH"] = f"{Path(settings.python).parent}:{env.get('PATH', os.defpath)}"
+    launcher = Launcher(settings.python, env)
+    launcher.start()
+    runner = ProcessRunner(confinement, launcher, settings.max_output_bytes)
+    return ExecutionEngine(settings, runner, confinement.describe()), confinement, launcher

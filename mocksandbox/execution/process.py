@@ -7,38 +7,28 @@ negative return codes for signals.
 
 Beyond it: stdout and stderr are drained while the program runs and each is capped, so no program
 blocks on a full pipe; every process the run started is killed when it ends (SandboxFusion leaves
-orphans); and the program's parent is a small relay process, not the server, so a program that
-kills its parent takes down only the relay (the run then reports the relay's signal, -9).
+orphans); and programs are started by the launcher (``forkserver.py``), never by forking the
+server: the program's parent is a relay, so a program that kills its parent takes down only the
+relay (the run then reports -9). In ``fork`` mode, Python programs skip the interpreter start-up.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import math
 import os
-import resource
 import selectors
-import signal
-import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mocksandbox.execution.confinement import Confinement, ProcessGroupJail, RunJail
+from mocksandbox.execution.launcher import Launcher, close_quietly
 from mocksandbox.models import CommandRunResult, CommandRunStatus
 
 _READ_CHUNK = 64 * 1024
 _WRITE_CHUNK = 64 * 1024
 #: How long to keep reading pipes after the run ended and its processes were killed.
 _DRAIN_GRACE_S = 2.0
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-_libc_fork = _libc.fork
-_libc_signal = _libc.signal
-_libc_signal.restype = ctypes.c_void_p
-_libc_signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
-_CATCHABLE_SIGNALS = [int(s) for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)]
 
 
 @dataclass
@@ -94,53 +84,44 @@ class CommandSpec:
     stdin: bytes | None
     timeout: float
     memory_limit_mb: int = -1
+    #: Run this Python file in a forked warm interpreter instead of ``command`` (fork mode).
+    python_file: str | None = None
 
 
-def _relay_and_limit(jail: RunJail, memory_limit_mb: int) -> None:
-    """Runs in the forked child before exec: join the jail, then split into relay and program.
+#: ``return_code`` when the relay died before reporting (a program killed its parent): SIGKILL.
+RELAY_KILLED = -9
 
-    The relay (this process) waits for the program and leaves with the same status, so the server
-    sees the program's exit code or signal. Only raw system calls here: the server is
-    multi-threaded, so Python's own fork hooks and locks must not run (hence libc's fork).
-    """
-    jail.enter()
-    pid = _libc_fork()
-    if pid < 0:
-        raise OSError(ctypes.get_errno(), "fork failed")
-    if pid == 0:
-        # The program: apply SandboxFusion's memory limit (soft AS, DATA and STACK) and go on to exec.
-        if memory_limit_mb > 0:
-            limit = memory_limit_mb * 1024 * 1024
-            for which in (resource.RLIMIT_AS, resource.RLIMIT_DATA, resource.RLIMIT_STACK):
-                _, hard = resource.getrlimit(which)
-                resource.setrlimit(which, (limit, hard))
-        return
-    # The relay: hold nothing the program's pipes or the exec-status pipe depend on.
-    os.closerange(0, 65536)
-    for sig in _CATCHABLE_SIGNALS:
-        _libc_signal(sig, 0)  # SIG_DFL: behave like a plain process, not like a copy of the server
-    while True:
-        try:
-            _, status = os.waitpid(pid, 0)
-            break
-        except ChildProcessError:
-            os._exit(255)
-        except InterruptedError:
-            continue
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
-        os.kill(os.getpid(), sig)
-        os._exit(128 + sig)
-    os._exit(os.waitstatus_to_exitcode(status))
+
+class _StatusReader:
+    """Parses the relay's status pipe: ``P`` + pid, then ``S`` + wait status."""
+
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.pid: int | None = None
+        self.wait_status: int | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        self.buffer += chunk
+        while len(self.buffer) >= 9:
+            kind, value = self.buffer[:1], self.buffer[1:9]
+            self.buffer = self.buffer[9:]
+            if kind == b"P":
+                self.pid = int.from_bytes(value, "little")
+            elif kind == b"S":
+                self.wait_status = int.from_bytes(value, "little", signed=True)
+
+    def return_code(self) -> int:
+        if self.wait_status is None:
+            return RELAY_KILLED
+        return os.waitstatus_to_exitcode(self.wait_status)
 
 
 class ProcessRunner:
-    """Runs commands under a :class:`Confinement`, capturing capped output."""
+    """Runs commands through the launcher under a :class:`Confinement`, capturing capped output."""
 
-    def __init__(self, confinement: Confinement, max_output_bytes: int) -> None:
+    def __init__(self, confinement: Confinement, launcher: Launcher, max_output_bytes: int) -> None:
         self.confinement = confinement
+        self.launcher = launcher
         self.max_output_bytes = max_output_bytes
 
     def run(self, spec: CommandSpec) -> CommandRunResult:
@@ -158,7 +139,7 @@ class ProcessRunner:
         jail = self.confinement.new_jail(spec.command)
         try:
             return self._run_in(jail, spec)
-        except Exception as exc:  # spawning failed: SandboxFusion reports an Error result
+        except Exception as exc:  # the run could not be started: SandboxFusion reports an Error result
             return CommandRunResult(
                 status=CommandRunStatus.Error,
                 stderr=f"exception on running command {spec.command}: {exc} | None",
@@ -166,42 +147,50 @@ class ProcessRunner:
         finally:
             jail.close()
 
+    def _launch(self, jail: RunJail, spec: CommandSpec) -> tuple[int, int, int, int]:
+        """Start the run; our ends of (stdin, stdout, stderr, status)."""
+        pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(4)]
+        (stdin_r, stdin_w), (stdout_r, stdout_w), (stderr_r, stderr_w), (status_r, status_w) = pipes
+        request = {
+            "mode": "python" if spec.python_file else "exec",
+            "argv": ["/bin/bash", "-c", spec.command],
+            "file": spec.python_file,
+            "cwd": spec.cwd,
+            "env": dict(spec.env),
+            "cgroup_procs": jail.procs_files,
+            "memory_limit_mb": spec.memory_limit_mb,
+        }
+        try:
+            self.launcher.launch(request, [stdin_r, stdout_w, stderr_w, status_w])
+        except BaseException:
+            close_quietly(stdin_w, stdout_r, stderr_r, status_r)
+            raise
+        finally:
+            close_quietly(stdin_r, stdout_w, stderr_w, status_w)
+        return stdin_w, stdout_r, stderr_r, status_r
+
     def _run_in(self, jail: RunJail, spec: CommandSpec) -> CommandRunResult:
         stdout = CapturedStream(self.max_output_bytes, bytearray())
         stderr = CapturedStream(self.max_output_bytes, bytearray())
-        proc = subprocess.Popen(
-            ["/bin/bash", "-c", spec.command],
-            cwd=spec.cwd,
-            env=dict(spec.env),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            preexec_fn=lambda: _relay_and_limit(jail, spec.memory_limit_mb),
-            close_fds=True,
-        )
+        status = _StatusReader()
+        stdin_fd, stdout_fd, stderr_fd, status_fd = self._launch(jail, spec)
         started = time.monotonic()
-        if isinstance(jail, ProcessGroupJail):
-            jail.attach(proc.pid)
         timeout = spec.timeout if math.isfinite(spec.timeout) else 365 * 24 * 3600.0
         deadline = started + timeout
-        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-        selector = selectors.DefaultSelector()
-        pidfd = os.pidfd_open(proc.pid)
-        streams = {proc.stdout.fileno(): stdout, proc.stderr.fileno(): stderr}
+        streams = {stdout_fd: stdout, stderr_fd: stderr}
+        open_fds = {stdin_fd, stdout_fd, stderr_fd, status_fd}
         pending_stdin = memoryview(spec.stdin or b"")
+        selector = selectors.DefaultSelector()
         try:
-            for fd in streams:
+            for fd in (stdout_fd, stderr_fd, status_fd):
                 os.set_blocking(fd, False)
                 selector.register(fd, selectors.EVENT_READ)
-            selector.register(pidfd, selectors.EVENT_READ)
-            stdin_fd: int | None = proc.stdin.fileno()
             if pending_stdin:
-                os.set_blocking(proc.stdin.fileno(), False)
-                selector.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
+                os.set_blocking(stdin_fd, False)
+                selector.register(stdin_fd, selectors.EVENT_WRITE)
             else:
-                proc.stdin.close()
-                stdin_fd = None
+                os.close(stdin_fd)
+                open_fds.discard(stdin_fd)
 
             exited_at: float | None = None
             while exited_at is None:
@@ -210,8 +199,11 @@ class ProcessRunner:
                     break
                 for key, _ in selector.select(remaining):
                     fd = int(key.fd)
-                    if fd == pidfd:
-                        exited_at = time.monotonic()
+                    if fd == status_fd:
+                        if not self._read_status(selector, fd, status) or status.wait_status is not None:
+                            exited_at = time.monotonic()
+                        if status.pid is not None and isinstance(jail, ProcessGroupJail):
+                            jail.attach(status.pid)
                     elif fd == stdin_fd:
                         try:
                             written = os.write(fd, pending_stdin[:_WRITE_CHUNK])
@@ -222,8 +214,8 @@ class ProcessRunner:
                             pending_stdin = pending_stdin[:0]
                         if not pending_stdin:
                             selector.unregister(fd)
-                            proc.stdin.close()
-                            stdin_fd = None
+                            os.close(fd)
+                            open_fds.discard(fd)
                     else:
                         self._read_into(selector, fd, streams)
 
@@ -231,27 +223,26 @@ class ProcessRunner:
                 timed_out, elapsed = True, time.monotonic() - started
             else:
                 timed_out, elapsed = False, exited_at - started
+            if status.pid is not None and isinstance(jail, ProcessGroupJail):
+                jail.attach(status.pid)
             # The run is over: nothing it started may outlive it (or keep our pipes open).
             jail.kill_all()
-            return_code = proc.wait()
             drain_deadline = time.monotonic() + _DRAIN_GRACE_S
             while any(fd in selector.get_map() for fd in streams):
                 remaining = drain_deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 for key, _ in selector.select(remaining):
-                    if int(key.fd) in streams:
-                        self._read_into(selector, int(key.fd), streams)
-                    elif int(key.fd) == pidfd:
-                        selector.unregister(pidfd)
+                    fd = int(key.fd)
+                    if fd in streams:
+                        self._read_into(selector, fd, streams)
+                    elif fd == status_fd:
+                        self._read_status(selector, fd, status)
+                    elif fd == stdin_fd:
+                        selector.unregister(fd)
         finally:
             selector.close()
-            os.close(pidfd)
-            for pipe in (proc.stdin, proc.stdout, proc.stderr):
-                pipe.close()
-            if proc.returncode is None:
-                jail.kill_all()
-                proc.wait()
+            close_quietly(*open_fds)
 
         if timed_out:
             return CommandRunResult(
@@ -264,10 +255,23 @@ class ProcessRunner:
         return CommandRunResult(
             status=CommandRunStatus.Finished,
             execution_time=elapsed,
-            return_code=return_code,
+            return_code=status.return_code(),
             stdout=stdout.text(),
             stderr=stderr.text(),
         )
+
+    @staticmethod
+    def _read_status(selector: selectors.BaseSelector, fd: int, status: _StatusReader) -> bool:
+        """Read what the relay said; False once the pipe is closed."""
+        try:
+            chunk = os.read(fd, 64)
+        except BlockingIOError:
+            return True
+        if chunk:
+            status.feed(chunk)
+            return True
+        selector.unregister(fd)
+        return False
 
     @staticmethod
     def _read_into(selector: selectors.BaseSelector, fd: int, streams: dict[int, CapturedStream]) -> None:

@@ -32,6 +32,14 @@ def processes_with(marker: str) -> list[psutil.Process]:
     return found
 
 
+def wait_gone_children(pid: int, within: float = 5.0) -> list[psutil.Process]:
+    """Descendants of ``pid`` still there after ``within`` seconds (relays exit just after a run)."""
+    deadline = time.monotonic() + within
+    while (alive := psutil.Process(pid).children(recursive=True)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return alive
+
+
 def wait_gone(marker: str, within: float = 5.0) -> list[psutil.Process]:
     """Processes still carrying ``marker`` after the kernel had ``within`` seconds to reap them."""
     deadline = time.monotonic() + within
@@ -46,7 +54,11 @@ def nothing_left(sandbox: MockSandbox, runs_dir: Path):
     # The server still answers, and every temp dir of the test's runs is gone.
     assert run(sandbox, "print('alive')").run_result.stdout == "alive\n"  # type: ignore[union-attr]
     assert list(runs_dir.iterdir()) == []
-    assert psutil.Process().children(recursive=True) == []
+    # Our children are launchers (this sandbox's, maybe other fixtures'), and ours has no relay
+    # or program left.
+    assert all("forkserver.py" in " ".join(p.cmdline()) for p in psutil.Process().children())
+    launcher_pid = sandbox.engine.runner.launcher.pid  # type: ignore[attr-defined]
+    assert wait_gone_children(launcher_pid) == []
     # Python programs carry their code file's path (inside runs_dir) on their command line.
     assert wait_gone(str(runs_dir)) == []
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from mocksandbox.contract.corpus import compare_answer, normalize_text, request_parts, skip_reason
 
 

@@ -346,10 +346,13 @@ def test_pod_name_comes_from_settings(settings: Settings) -> None:
 # -- the real runner: SandboxFusion's on-disk layout ---------------------------------------------
 
 
-@pytest.fixture
-def real_engine(tmp_root: Path) -> Iterator[ExecutionEngine]:
-    engine, confinement = create_engine(Settings(tmp_root=str(tmp_root), pod_name=None))
+@pytest.fixture(params=["fork", "spawn"])
+def real_engine(tmp_root: Path, request: pytest.FixtureRequest) -> Iterator[ExecutionEngine]:
+    engine, confinement, launcher = create_engine(
+        Settings(tmp_root=str(tmp_root), pod_name=None, exec_mode=request.param)
+    )
     yield engine
+    launcher.close()
     confinement.close()
 
 
@@ -390,7 +393,7 @@ class _UnusableConfinement:
 def test_runner_with_no_time_left_never_starts_the_program(tmp_path: Path, timeout: float) -> None:
     from mocksandbox.execution.process import ProcessRunner
 
-    runner = ProcessRunner(_UnusableConfinement(), 1024)  # type: ignore[arg-type]
+    runner = ProcessRunner(_UnusableConfinement(), None, 1024)  # type: ignore[arg-type]
     result = runner.run(CommandSpec(f"touch {tmp_path}/ran", str(tmp_path), {}, None, timeout))
     assert (result.status, result.return_code, result.stdout, result.stderr) == (TLE, None, "", "")
     assert isinstance(result.execution_time, float)

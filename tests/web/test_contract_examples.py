@@ -8,10 +8,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from mocksandbox.contract.corpus import compare_answer, describe_mismatch, load_corpus, request_parts, skip_reason
 from flask import Flask
 from flask.testing import FlaskClient
 
+from mocksandbox.contract.corpus import (
+    compare_answer,
+    describe_mismatch,
+    load_corpus,
+    request_parts,
+    skip_reason,
+)
 from mocksandbox.core import MockSandbox
 from mocksandbox.models import ALL_LANGUAGES
 from mocksandbox.settings import Settings
@@ -24,9 +30,10 @@ RESULT_KEYS = ["status", "execution_time", "return_code", "stdout", "stderr"]
 PYDANTIC_URL = "https://errors.pydantic.dev/2.6/v/"
 
 
-@pytest.fixture(scope="module")
-def contract_sandbox() -> Iterator[MockSandbox]:
-    """A real sandbox with default settings, no pod name (as outside SandboxFusion's cloud).
+@pytest.fixture(scope="module", params=["fork", "spawn"])
+def contract_sandbox(request: pytest.FixtureRequest) -> Iterator[MockSandbox]:
+    """A real sandbox with default settings, no pod name (as outside SandboxFusion's cloud), in
+    each execution mode: the warm fork path must answer exactly as a fresh interpreter does.
 
     Programs inherit the server's environment (as in SandboxFusion), which the engine captures when
     it is built; the contract's server had no PYTHONUNBUFFERED, and the unflushed-timeout example
@@ -34,7 +41,7 @@ def contract_sandbox() -> Iterator[MockSandbox]:
     """
     with pytest.MonkeyPatch.context() as env:
         env.delenv("PYTHONUNBUFFERED", raising=False)
-        box = MockSandbox.create(Settings(pod_name=None))
+        box = MockSandbox.create(Settings(pod_name=None, exec_mode=request.param))
     yield box
     box.close()
 

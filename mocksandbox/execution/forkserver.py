@@ -1,0 +1,274 @@
+"""The launcher: a small, single-threaded process that forks every run for the server.
+
+Started once per engine as ``<python> forkserver.py <socket fd>`` (standard library only, so any
+interpreter can run it, with nothing of the user's imported). For each request it forks a *relay*,
+which joins the run's cgroups, starts its own session, forks the *program*, waits for it and
+reports its wait status. Two modes:
+
+``exec``    the program ``execve``s ``/bin/bash -c <command>`` (every language; the plain spawn);
+``python``  the program is this warm interpreter itself, turned into ``python <file>``: fresh
+            module table, argv, cwd, environment, stdio, ``__main__``, exit handling. It skips
+            the interpreter's start-up (tens of milliseconds) for a fork (well under one).
+
+Protocol, on a SOCK_SEQPACKET socket: the server sends one message per run, a JSON object
+with four file descriptors attached (stdin, stdout, stderr, status). On the status pipe the relay
+writes ``b"P"`` + its pid (8 bytes) once the program is started, then ``b"S"`` + the program's
+wait status (8 bytes, signed) when it has exited. A relay that dies first (a program killed its
+parent) closes the pipe without the ``S`` record.
+
+Why a separate process: the server is multi-threaded and large; forking it per run is slow and
+unsafe, and a program that kills its parent must not kill the server.
+"""
+
+import sys
+
+# Captured first: the modules a fresh `python <file>` has too. Everything imported after this
+# line belongs to the launcher and is dropped from the program's module table.
+_BASELINE_MODULES = frozenset(sys.modules)
+
+import _socket  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+
+_STATUS_PID = b"P"
+_STATUS_EXIT = b"S"
+_MAX_FDS = 65536
+#: Signals the relay ignores so that it outlives a signal sent to its whole process group and
+#: can report how the program ended (only SIGKILL gets through).
+_UNTOUCHABLE = (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD)
+_RELAY_IGNORES = [s for s in signal.valid_signals() if s not in _UNTOUCHABLE]
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            written = os.write(fd, view)
+        except InterruptedError:
+            continue
+        view = view[written:]
+
+
+def _join_cgroups(procs_files: list) -> None:
+    pid = str(os.getpid()).encode()
+    for path in procs_files:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.write(fd, pid)
+        finally:
+            os.close(fd)
+
+
+def _apply_memory_limit(megabytes: int) -> None:
+    """SandboxFusion's limit: soft RLIMIT_AS, RLIMIT_DATA and RLIMIT_STACK of N MiB."""
+    if megabytes > 0:
+        import resource
+
+        limit = megabytes * 1024 * 1024
+        for which in (resource.RLIMIT_AS, resource.RLIMIT_DATA, resource.RLIMIT_STACK):
+            hard = resource.getrlimit(which)[1]
+            resource.setrlimit(which, (limit, hard))
+
+
+def _install_stdio(fds: list) -> None:
+    for target, fd in enumerate(fds):
+        if fd != target:
+            os.dup2(fd, target)
+    os.closerange(3, _MAX_FDS)
+
+
+def _relay(request: dict, fds: list) -> None:
+    """In the relay: start the program in a new session and report how it ended."""
+    status_fd = fds[3]
+    os.setsid()
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the launcher ignores it; we must wait
+    for sig in _RELAY_IGNORES:
+        signal.signal(sig, signal.SIG_IGN)
+    _join_cgroups(request["cgroup_procs"])
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(status_fd)
+            _install_stdio(fds[:3])
+            # A new program starts with default dispositions (ignored ones would survive exec).
+            for sig in _RELAY_IGNORES:
+                signal.signal(sig, signal.SIG_DFL)
+            _apply_memory_limit(request.get("memory_limit_mb", -1))
+            if request["mode"] == "python":
+                _become_python_program(request)
+            os.chdir(request["cwd"])
+            os.execve(request["argv"][0], request["argv"], request["env"])
+        except BaseException as exc:
+            try:
+                os.write(2, f"mocksandbox launcher: cannot start the program: {exc}\n".encode())
+            finally:
+                os._exit(127)
+    for fd in fds[:3]:
+        os.close(fd)
+    _write_all(status_fd, _STATUS_PID + os.getpid().to_bytes(8, "little"))
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            status = 255 << 8
+            break
+    _write_all(status_fd, _STATUS_EXIT + status.to_bytes(8, "little", signed=True))
+    os._exit(0)
+
+
+# -- the warm Python path --------------------------------------------------------------------------
+
+
+def _make_stdio(fd: int, mode: str, model: object) -> object:
+    """A text stream on ``fd`` configured as CPython's start-up configures its std streams."""
+    stream = open(  # noqa: SIM115 - lives as long as the program
+        fd,
+        mode,
+        encoding=model.encoding,
+        errors=model.errors,
+        newline="\n",
+        closefd=False,
+    )
+    if "w" in mode:
+        stream.reconfigure(line_buffering=fd == 2 or os.isatty(fd))
+    return stream
+
+
+def _become_python_program(request: dict) -> None:
+    """Turn this forked launcher into ``python <file>``; never returns."""
+    path = request["file"]
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    for name in list(sys.modules):
+        if name not in _BASELINE_MODULES:
+            del sys.modules[name]
+    sys.argv[:] = [path]
+    sys.path[0] = os.path.dirname(path)
+    stdin = _make_stdio(0, "r", sys.__stdin__)
+    stdout = _make_stdio(1, "w", sys.__stdout__)
+    stderr = _make_stdio(2, "w", sys.__stderr__)
+    sys.stdin = sys.__stdin__ = stdin
+    sys.stdout = sys.__stdout__ = stdout
+    sys.stderr = sys.__stderr__ = stderr
+    # What CPython's start-up sets: SIGPIPE and SIGXFSZ ignored, SIGINT -> KeyboardInterrupt.
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    import _frozen_importlib_external  # in every interpreter's module table already
+
+    main = type(sys)("__main__")
+    main.__file__ = path
+    main.__cached__ = None
+    main.__annotations__ = {}
+    main.__loader__ = _frozen_importlib_external.SourceFileLoader("__main__", path)
+    main.__builtins__ = __builtins__
+    sys.modules["__main__"] = main
+    os._exit(_run_main(path, main))
+
+
+def _run_main(path: str, main: object) -> int:
+    """Run the program as CPython's ``pymain_run_file`` does; its exit code."""
+    code = 0
+    try:
+        with open(path, "rb") as handle:
+            source = handle.read()
+        compiled = compile(source, path, "exec", dont_inherit=True)
+        exec(compiled, main.__dict__)
+    except SystemExit as exc:
+        code = _system_exit_code(exc)
+    except BaseException as exc:
+        tb = exc.__traceback__
+        # Hide the launcher's own frame: the traceback starts at the program's <module>.
+        while tb is not None and tb.tb_frame.f_code.co_filename != path:
+            tb = tb.tb_next
+        exc.__traceback__ = tb
+        try:
+            sys.excepthook(type(exc), exc, tb)
+        except SystemExit as hook_exit:
+            code = _system_exit_code(hook_exit)
+        else:
+            code = 1
+        if isinstance(exc, KeyboardInterrupt):
+            code = _finish(code)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+            return 128 + signal.SIGINT
+    return _finish(code)
+
+
+def _system_exit_code(exc: SystemExit) -> int:
+    value = exc.code
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value & 0xFF
+    try:
+        sys.stderr.write(f"{value}\n")
+    except Exception:
+        pass
+    return 1
+
+
+def _finish(code: int) -> int:
+    """Interpreter shutdown as far as a program can see it: threads, atexit, flushing."""
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        try:
+            threading._shutdown()
+        except BaseException:
+            pass
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            code = 120
+    return code
+
+
+# -- the launcher loop ---------------------------------------------------------------------------------
+
+
+def _serve(sock: _socket.socket) -> None:
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # relays are reaped by the kernel
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's Ctrl-C is the server's business
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    fd_size = _socket.CMSG_LEN(4 * 4)
+    while True:
+        try:
+            data, ancillary, _, _ = sock.recvmsg(1 << 20, fd_size)
+        except InterruptedError:
+            continue
+        if not data:
+            return  # the server closed its end
+        fds = []
+        for level, kind, payload in ancillary:
+            if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                fds += [int.from_bytes(payload[i : i + 4], sys.byteorder) for i in range(0, len(payload), 4)]
+        try:
+            request = json.loads(data)
+            if len(fds) != 4:
+                raise ValueError(f"expected 4 descriptors, got {len(fds)}")
+            pid = os.fork()
+        except Exception:
+            pid = -1
+        if pid == 0:
+            try:
+                sock.close()
+                _relay(request, fds)
+            finally:
+                os._exit(0)
+        for fd in fds:
+            os.close(fd)
+
+
+if __name__ == "__main__":
+    _serve(_socket.socket(fileno=int(sys.argv[1])))
