@@ -21,6 +21,7 @@ import json
 import math
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -35,6 +36,30 @@ import requests
 
 PAYLOAD = {"code": "print(1)", "language": "python"}
 EXPECTED_STDOUT = "1\n"
+
+#: Workloads: a list of (request, expected stdout or None for "any 200 answer").
+WORKLOADS: dict[str, list[tuple[dict[str, Any], str | None]]] = {
+    "print": [(PAYLOAD, EXPECTED_STDOUT)],
+    "sleep": [({"code": "import time\ntime.sleep(0.1)\nprint('slept')", "language": "python"}, "slept\n")],
+    "mixed": [
+        (PAYLOAD, EXPECTED_STDOUT),
+        ({"code": "print(sum(i * i for i in range(100000)))", "language": "python"}, "333328333350000\n"),
+        (
+            {"code": "import json, re\nprint(json.dumps(re.findall('a+', 'caaab')))", "language": "python"},
+            '["aaa"]\n',
+        ),
+        (
+            {
+                "code": "a, b = map(int, input().split())\nprint(a + b)",
+                "language": "python",
+                "stdin": "2 40\n",
+            },
+            "42\n",
+        ),
+        ({"code": "raise ValueError('boom')", "language": "python"}, ""),
+        ({"code": "echo hi; exit 3", "language": "bash"}, "hi\n"),
+    ],
+}
 
 
 @dataclass
@@ -80,8 +105,8 @@ def is_loopback_url(url: str) -> bool:
         return False
 
 
-def _check(response: requests.Response) -> str | None:
-    """``None`` if the answer is a correct run of ``print(1)``, else what was wrong with it."""
+def _check(response: requests.Response, expected_stdout: str | None) -> str | None:
+    """``None`` if the answer is the expected one, else what was wrong with it."""
     if response.status_code != 200:
         return f"HTTP {response.status_code}: {response.text[:200]}"
     try:
@@ -89,12 +114,18 @@ def _check(response: requests.Response) -> str | None:
     except ValueError:
         return f"not JSON: {response.text[:200]}"
     run_result = body.get("run_result") or {}
-    if body.get("status") != "Success" or run_result.get("stdout") != EXPECTED_STDOUT:
+    if expected_stdout is not None and run_result.get("stdout") != expected_stdout:
         return f"unexpected answer: {json.dumps(body)[:200]}"
     return None
 
 
-def run_level(url: str, concurrency: int, total: int, timeout: float) -> Level:
+def run_level(
+    url: str,
+    concurrency: int,
+    total: int,
+    timeout: float,
+    workload: list[tuple[dict[str, Any], str | None]] = WORKLOADS["print"],
+) -> Level:
     """``total`` requests from ``concurrency`` threads, each with its own ``requests.Session``."""
     endpoint = url.rstrip("/") + "/run_code"
     trust_env = not is_loopback_url(url)  # never let a proxy variable take loopback traffic elsewhere
@@ -110,12 +141,14 @@ def run_level(url: str, concurrency: int, total: int, timeout: float) -> Level:
             gate.wait()
             while True:
                 with lock:
-                    if next(next_index, None) is None:
-                        return
+                    index = next(next_index, None)
+                if index is None:
+                    return
+                payload, expected = workload[index % len(workload)]
                 started = time.perf_counter()
                 try:
-                    response = session.post(endpoint, json=PAYLOAD, timeout=timeout)
-                    problem = _check(response)
+                    response = session.post(endpoint, json=payload, timeout=timeout)
+                    problem = _check(response, expected)
                 except requests.RequestException as exc:
                     problem = f"{type(exc).__name__}: {exc}"
                 elapsed = time.perf_counter() - started
@@ -148,13 +181,44 @@ def run_level(url: str, concurrency: int, total: int, timeout: float) -> Level:
     )
 
 
-def measure_target(name: str, url: str, levels: list[int], total: int, warmup: int, timeout: float) -> Target:
+def measure_target(
+    name: str,
+    url: str,
+    levels: list[int],
+    total: int,
+    warmup: int,
+    timeout: float,
+    workload: list[tuple[dict[str, Any], str | None]] = WORKLOADS["print"],
+) -> Target:
     target = Target(name, url)
     if warmup:
-        run_level(url, 1, warmup, timeout)
+        run_level(url, 1, warmup, timeout, workload)
     for concurrency in levels:
-        target.levels.append(run_level(url, concurrency, total, timeout))
+        target.levels.append(run_level(url, concurrency, total, timeout, workload))
     return target
+
+
+@contextlib.contextmanager
+def served_mock(exec_mode: str) -> Iterator[str]:
+    """``mocksandbox serve --exec-mode MODE`` as its own process on 127.0.0.1 (free port): its URL."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mocksandbox.cli", "serve", "--port", "0", "--exec-mode", exec_mode],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if "serving on " not in line:
+            raise RuntimeError(f"mocksandbox serve did not start: {line!r}")
+        yield line.split("serving on ", 1)[1].split()[0]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def measure_spawn(python: str, runs: int) -> dict[str, Any]:
@@ -209,19 +273,19 @@ def _ratio(a: float, b: float) -> float:
 def print_report(
     targets: list[Target], spawn: dict[str, Any], ratios: dict[str, Any], info: dict[str, Any]
 ) -> None:
-    print(f"\nPOST /run_code {json.dumps(PAYLOAD)}  ({info['requests']} requests per level)")
-    for key in ("mock_url", "mock_mode", "confinement", "user_python", "host", "load_1min"):
+    print(f"\nPOST /run_code, workload {info['workload']!r}  ({info['requests']} requests per level)")
+    for key in ("user_python", "host", "load_1min"):
         if info.get(key):
             print(f"  {key.replace('_', ' ')}: {info[key]}")
     header = (
-        f"{'target':<10} {'conc':>4} {'ok':>5} {'err':>4} {'req/s':>8} "
+        f"{'target':<16} {'conc':>4} {'ok':>5} {'err':>4} {'req/s':>8} "
         f"{'p50 ms':>8} {'p95 ms':>8} {'mean ms':>8}"
     )
     print("\n" + header + "\n" + "-" * len(header))
     for target in targets:
         for lv in target.levels:
             print(
-                f"{target.name:<10} {lv.concurrency:>4} {lv.ok:>5} {lv.errors:>4} {lv.rps:>8.1f} "
+                f"{target.name:<16} {lv.concurrency:>4} {lv.ok:>5} {lv.errors:>4} {lv.rps:>8.1f} "
                 f"{lv.p50_ms:>8.1f} {lv.p95_ms:>8.1f} {lv.mean_ms:>8.1f}"
             )
     print(
@@ -229,13 +293,18 @@ def print_report(
         f"p50 {spawn['p50_ms']:.1f} ms, p95 {spawn['p95_ms']:.1f} ms"
     )
     print(
-        f"mock p50 at concurrency {ratios['mock_p50_over_spawn_p50_at_concurrency']} / bare spawn p50"
-        f" = {ratios['mock_p50_over_spawn_p50']:.2f}x"
+        f"{ratios['first_mock']} p50 at concurrency {ratios['mock_p50_over_spawn_p50_at_concurrency']}"
+        f" / bare spawn p50 = {ratios['mock_p50_over_spawn_p50']:.2f}x"
     )
-    if "mock_over_reference" in ratios:
-        print("\nmock / reference   (req/s ratio > 1: mock faster;  p50 ratio < 1: mock faster)")
+    tables = [
+        (f"{ratios['first_mock']} / {name}", rows)
+        for name, rows in ratios.get("first_mock_over_others", {}).items()
+    ]
+    tables += [(f"{name} / reference", rows) for name, rows in ratios.get("mock_over_reference", {}).items()]
+    for title, rows in tables:
+        print(f"\n{title}   (req/s ratio > 1: first faster;  p50 ratio < 1: first faster)")
         print(f"{'conc':>4} {'req/s ratio':>12} {'p50 ratio':>10}")
-        for row in ratios["mock_over_reference"]:
+        for row in rows:
             print(f"{row['concurrency']:>4} {row['rps_ratio']:>12.2f} {row['p50_ratio']:>10.2f}")
     for target in targets:
         for lv in target.levels:
@@ -260,6 +329,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=5, help="untimed requests per target first (5)")
     parser.add_argument("--timeout", type=float, default=60.0, help="client timeout per request, s (60)")
     parser.add_argument("--json", metavar="FILE", help="write the figures to FILE as JSON")
+    parser.add_argument(
+        "--modes",
+        default="fork,spawn",
+        help="exec modes to measure, each in its own `mocksandbox serve` process (default fork,spawn); "
+        "'in-process' measures a ServerThread inside this process instead",
+    )
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="print", help="what to run (print)")
     args = parser.parse_args(argv)
     try:
         args.levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
@@ -272,26 +348,39 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    workload = WORKLOADS[args.workload]
     load_before = os.getloadavg()[0]
+    from mocksandbox.settings import load_settings
+
+    python = args.python or load_settings().python
+    targets: list[Target] = []
     with contextlib.ExitStack() as stack:
         if args.url:
-            mock_url, mode, confinement = args.url, "external (--url)", None
-            if args.python:
-                python = args.python
-            else:
-                from mocksandbox.settings import load_settings
-
-                python = load_settings().python
+            targets.append(
+                measure_target(
+                    "mock", args.url, args.levels, args.requests, args.warmup, args.timeout, workload
+                )
+            )
         else:
-            mock_url, python, confinement = stack.enter_context(in_process_mock())
-            mode = "in-process ServerThread (shares this interpreter with the client threads)"
-            python = args.python or python
-
-        targets = [measure_target("mock", mock_url, args.levels, args.requests, args.warmup, args.timeout)]
+            for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
+                if mode == "in-process":
+                    url, python, _ = stack.enter_context(in_process_mock())
+                else:
+                    url = stack.enter_context(served_mock(mode))
+                name = f"mock-{mode}"
+                targets.append(
+                    measure_target(name, url, args.levels, args.requests, args.warmup, args.timeout, workload)
+                )
         if args.reference_url:
             targets.append(
                 measure_target(
-                    "reference", args.reference_url, args.levels, args.requests, args.warmup, args.timeout
+                    "reference",
+                    args.reference_url,
+                    args.levels,
+                    args.requests,
+                    args.warmup,
+                    args.timeout,
+                    workload,
                 )
             )
         spawn = measure_spawn(python, args.spawn_runs or args.requests)
@@ -301,22 +390,37 @@ def main(argv: list[str] | None = None) -> int:
     ratios: dict[str, Any] = {
         "mock_p50_over_spawn_p50": _ratio(mock.level(lowest).p50_ms, spawn["p50_ms"]),
         "mock_p50_over_spawn_p50_at_concurrency": lowest,
+        "first_mock": mock.name,
     }
+    mocks = [t for t in targets if t.name != "reference"]
+    if len(mocks) > 1:
+        ratios["first_mock_over_others"] = {
+            other.name: [
+                {
+                    "concurrency": c,
+                    "rps_ratio": _ratio(mock.level(c).rps, other.level(c).rps),
+                    "p50_ratio": _ratio(mock.level(c).p50_ms, other.level(c).p50_ms),
+                }
+                for c in args.levels
+            ]
+            for other in mocks[1:]
+        }
     if args.reference_url:
-        reference = targets[1]
-        ratios["mock_over_reference"] = [
-            {
-                "concurrency": c,
-                "rps_ratio": _ratio(mock.level(c).rps, reference.level(c).rps),
-                "p50_ratio": _ratio(mock.level(c).p50_ms, reference.level(c).p50_ms),
-            }
-            for c in args.levels
-        ]
+        reference = targets[-1]
+        ratios["mock_over_reference"] = {
+            m.name: [
+                {
+                    "concurrency": c,
+                    "rps_ratio": _ratio(m.level(c).rps, reference.level(c).rps),
+                    "p50_ratio": _ratio(m.level(c).p50_ms, reference.level(c).p50_ms),
+                }
+                for c in args.levels
+            ]
+            for m in mocks
+        }
     info = {
         "requests": args.requests,
-        "mock_url": mock_url,
-        "mock_mode": mode,
-        "confinement": confinement,
+        "workload": args.workload,
         "user_python": python,
         "host": f"{platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}",
         # Other work on the machine skews every figure; this says how busy it was.
@@ -325,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     print_report(targets, spawn, ratios, info)
     if args.json:
         figures = {
-            "payload": PAYLOAD,
+            "workload": workload,
             "info": info,
             "targets": [asdict(t) for t in targets],
             "spawn": spawn,

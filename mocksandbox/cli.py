@@ -26,6 +26,7 @@ def _serve(args: argparse.Namespace) -> int:
                 "port": args.port,
                 "python": args.python,
                 "confinement": args.confinement,
+                "exec_mode": args.exec_mode,
                 "max_output_bytes": args.max_output_bytes,
                 "access_log": args.access_log or None,
                 "faults_file": args.faults,
@@ -33,12 +34,20 @@ def _serve(args: argparse.Namespace) -> int:
                 "overload": args.overload,
                 "queue_timeout_s": args.queue_timeout,
                 "control_api": False if args.no_control_api else None,
+                "instances_dirs": args.instances,
+                "state_dir": args.state_dir,
+                "swedev_backend": args.swedev_backend,
+                "swedev_backend_python": args.swedev_backend_python,
+                "session_ttl_s": args.session_ttl,
+                "max_sessions": args.max_sessions,
+                "reward_mode": args.reward_mode,
             },
         )
     except SettingsError as exc:
         print(f"mocksandbox: {exc}", file=sys.stderr)
         return 2
     from mocksandbox.faults import FaultError
+    from mocksandbox.sessions import SessionError
 
     if not is_loopback(settings.host):
         bar = "!" * 78
@@ -50,7 +59,7 @@ def _serve(args: argparse.Namespace) -> int:
         )
     try:
         sandbox = MockSandbox.create(settings)
-    except FaultError as exc:
+    except (FaultError, SessionError) as exc:
         print(f"mocksandbox: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
@@ -66,12 +75,18 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     print(f"mocksandbox {__version__} serving on {server.url}", flush=True)
     print(f"  confinement: {sandbox.engine.confinement_name}", flush=True)
-    print(f"  user python: {settings.python}", flush=True)
+    print(f"  user python: {settings.python} (exec mode: {settings.exec_mode})", flush=True)
     if settings.max_in_flight:
         print(f"  cap: {settings.max_in_flight} in flight, then {settings.overload}", flush=True)
     if sandbox.faults.rules():
         print(f"  faults: {len(sandbox.faults.rules())} rule(s) active", flush=True)
     print(f"  control API: {'/_mock/' if settings.control_api else 'off'}", flush=True)
+    sessions = sandbox.sessions
+    state = sessions.state_dir or "a temporary dir (--state-dir DIR keeps sessions across restarts)"
+    print(
+        f"  swedev: {len(sessions.registry)} instance(s), state in {state}, runs {sessions.executor.name}",
+        flush=True,
+    )
     print("  press Ctrl-C to stop", flush=True)
     # Stop the same clean way on Ctrl-C and on SIGTERM (and even when started with SIGINT ignored).
     signal.signal(signal.SIGINT, _interrupt)
@@ -115,6 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["auto", "cgroup", "process-group"],
         help="how runs are confined (default auto: cgroups where writable)",
     )
+    serve.add_argument(
+        "--exec-mode",
+        choices=["fork", "spawn"],
+        help="fork (default): Python runs in a forked warm interpreter; spawn: a new process per run",
+    )
     serve.add_argument("--max-output-bytes", type=int, metavar="N", help="cap per output stream")
     serve.add_argument("--access-log", action="store_true", help="log each request line")
     serve.add_argument("--faults", metavar="FILE", help="fault rules to apply (.json, .yaml or .toml)")
@@ -131,6 +151,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--queue-timeout", type=float, metavar="S", help="with --overload queue: 429 after S seconds"
     )
     serve.add_argument("--no-control-api", action="store_true", help="do not serve the /_mock/ endpoints")
+    swedev = serve.add_argument_group("swedev sessions")
+    swedev.add_argument(
+        "--instances",
+        action="append",
+        metavar="DIR",
+        help="instance dir, dir of them, or JSONL of SWE-bench rows; added to the shipped ones (repeatable)",
+    )
+    swedev.add_argument("--state-dir", metavar="DIR", help="keep session records and work dirs here")
+    swedev.add_argument(
+        "--swedev-backend", metavar="URL", help="run session commands and tests on this SandboxFusion"
+    )
+    swedev.add_argument(
+        "--swedev-backend-python", metavar="PATH", help="interpreter for tests on the backend (python3)"
+    )
+    swedev.add_argument("--session-ttl", type=float, metavar="S", help="reclaim sessions idle this long")
+    swedev.add_argument("--max-sessions", type=int, metavar="N", help="live sessions at once (1024)")
+    swedev.add_argument(
+        "--reward-mode", choices=["f2p", "resolved"], help="reward: F2P pass fraction (default) or 0/1"
+    )
     serve.set_defaults(handler=_serve)
 
     # Other commands live beside the code they drive; each module offers register(subparsers)
