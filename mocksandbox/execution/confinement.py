@@ -19,6 +19,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -34,9 +35,6 @@ class RunJail(Protocol):
     #: ``cgroup.procs`` files the run's first process writes its pid to (empty: none).
     procs_files: list[str]
 
-    def enter(self) -> None:
-        """Called in the child between fork and exec: join the confinement. Async-signal-safe work only."""
-
     def kill_all(self) -> None:
         """Kill every process of the run that is still alive and wait until they are gone."""
 
@@ -49,7 +47,7 @@ class Confinement(Protocol):
 
     name: str
 
-    def new_jail(self, leader_hint: str) -> RunJail: ...
+    def new_jail(self) -> RunJail: ...
 
     def describe(self) -> str: ...
 
@@ -74,10 +72,17 @@ def _own_cgroup_path(controller: str) -> str:
 
 
 class CgroupJail:
-    """One run's cgroups (one per controller)."""
+    """One run's cgroups (one per controller). Reused for later runs once empty (see the pool)."""
 
-    def __init__(self, dirs: dict[str, Path], max_processes: int, max_memory_bytes: int) -> None:
+    def __init__(
+        self,
+        dirs: dict[str, Path],
+        max_processes: int,
+        max_memory_bytes: int,
+        release: Callable[[CgroupJail], bool],
+    ) -> None:
         self._dirs = dirs
+        self._release = release
         self._closed = False
         for directory in dirs.values():
             directory.mkdir()
@@ -90,17 +95,10 @@ class CgroupJail:
             except OSError:
                 pass  # swap accounting off: the plain memory limit still holds
         self.procs_files = [str(d / "cgroup.procs") for d in dirs.values()]
-        # Precomputed so that enter() only makes raw system calls in a forked child.
-        self._procs_files = [os.fsencode(p) for p in self.procs_files]
 
-    def enter(self) -> None:
-        pid = str(os.getpid()).encode()
-        for procs in self._procs_files:
-            fd = os.open(procs, os.O_WRONLY)
-            try:
-                os.write(fd, pid)
-            finally:
-                os.close(fd)
+    def reopen(self) -> CgroupJail:
+        self._closed = False
+        return self
 
     def _pids(self) -> list[int]:
         try:
@@ -139,6 +137,22 @@ class CgroupJail:
         if self._closed:
             return
         self.kill_all()
+        self._closed = True
+        if self._is_clean() and self._release(self):
+            return  # back in the pool, empty, for the next run
+        self.remove()
+
+    def _is_clean(self) -> bool:
+        """No task left, and none still charged: dead but unreaped tasks (a fork bomb's zombies)
+        still count against pids.max, which would starve the next run."""
+        try:
+            charged = int((self._dirs["pids"] / "pids.current").read_text())
+        except (OSError, ValueError):
+            return False
+        return charged == 0 and not self._pids()
+
+    def remove(self) -> None:
+        """Delete the groups (waiting briefly for dying tasks to leave)."""
         for directory in self._dirs.values():
             for _ in range(100):
                 try:
@@ -148,7 +162,6 @@ class CgroupJail:
                     break
                 except OSError:
                     time.sleep(0.01)  # a dying task can keep the group busy for a moment
-        self._closed = True
 
 
 def _remove_dir_tree(parent: Path) -> None:
@@ -164,6 +177,8 @@ def _remove_dir_tree(parent: Path) -> None:
 
 
 _INSTANCES = itertools.count()
+#: Emptied jails kept for reuse (about the most runs in flight at once).
+_IDLE_JAILS = 64
 
 
 def _remove_stale_parents(home: Path) -> None:
@@ -184,6 +199,8 @@ class CgroupConfinement:
         self.max_memory_bytes = max_memory_mb * 1024 * 1024
         self._counter = itertools.count()
         self._lock = threading.Lock()
+        self._idle: list[CgroupJail] = []
+        self._closing = False
         self._parents: dict[str, Path] = {}
         # Several sandboxes may live in one process (tests, fixtures): each gets its own groups.
         self._instance = next(_INSTANCES)
@@ -194,7 +211,7 @@ class CgroupConfinement:
             parent.mkdir(exist_ok=True)
             self._parents[controller] = parent
         # Prove that a child group can be made, configured and removed before claiming to work.
-        self.new_jail("probe").close()
+        self.new_jail().remove()
 
     @classmethod
     def available(cls) -> bool:
@@ -206,11 +223,22 @@ class CgroupConfinement:
         except OSError:
             return False
 
-    def new_jail(self, leader_hint: str) -> CgroupJail:
+    def new_jail(self) -> CgroupJail:
         with self._lock:
+            if self._idle:
+                return self._idle.pop().reopen()
             run = f"run-{next(self._counter)}"
         dirs = {c: self._parents[c] / run for c in _CONTROLLERS}
-        return CgroupJail(dirs, self.max_processes, self.max_memory_bytes)
+        return CgroupJail(dirs, self.max_processes, self.max_memory_bytes, self._take_back)
+
+    def _take_back(self, jail: CgroupJail) -> bool:
+        """Keep an emptied jail for reuse: making and removing three cgroups per run costs more
+        than the run's own bookkeeping."""
+        with self._lock:
+            if self._closing or len(self._idle) >= _IDLE_JAILS:
+                return False
+            self._idle.append(jail)
+            return True
 
     def describe(self) -> str:
         return (
@@ -219,6 +247,11 @@ class CgroupConfinement:
         )
 
     def close(self) -> None:
+        with self._lock:
+            self._closing = True
+            idle, self._idle = self._idle, []
+        for jail in idle:
+            jail.remove()
         for parent in self._parents.values():
             _remove_dir_tree(parent)
 
@@ -230,9 +263,6 @@ class ProcessGroupJail:
         self.leader_pid: int | None = None
         self.procs_files: list[str] = []
         self._known: dict[int, psutil.Process] = {}
-
-    def enter(self) -> None:
-        return None  # start_new_session already made the child a group leader
 
     def attach(self, pid: int) -> None:
         self.leader_pid = pid
@@ -270,7 +300,7 @@ class ProcessGroupConfinement:
 
     name = "process-group"
 
-    def new_jail(self, leader_hint: str) -> ProcessGroupJail:
+    def new_jail(self) -> ProcessGroupJail:
         return ProcessGroupJail()
 
     def describe(self) -> str:

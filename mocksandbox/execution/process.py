@@ -29,6 +29,8 @@ _READ_CHUNK = 64 * 1024
 _WRITE_CHUNK = 64 * 1024
 #: How long to keep reading pipes after the run ended and its processes were killed.
 _DRAIN_GRACE_S = 2.0
+#: How long a relay may take to leave after reporting the program's exit.
+_RELAY_EXIT_GRACE_S = 0.5
 
 
 @dataclass
@@ -136,7 +138,7 @@ class ProcessRunner:
                 stdout="",
                 stderr="",
             )
-        jail = self.confinement.new_jail(spec.command)
+        jail = self.confinement.new_jail()
         try:
             return self._run_in(jail, spec)
         except Exception as exc:  # the run could not be started: SandboxFusion reports an Error result
@@ -225,6 +227,10 @@ class ProcessRunner:
                 timed_out, elapsed = False, exited_at - started
             if status.pid is not None and isinstance(jail, ProcessGroupJail):
                 jail.attach(status.pid)
+            if not timed_out:
+                # The relay leaves right after reporting; once it has, an orphan-free run leaves
+                # nothing to kill (and its cgroup can be reused as it is).
+                self._wait_for_relay(selector, status_fd, status, streams)
             # The run is over: nothing it started may outlive it (or keep our pipes open).
             jail.kill_all()
             drain_deadline = time.monotonic() + _DRAIN_GRACE_S
@@ -259,6 +265,25 @@ class ProcessRunner:
             stdout=stdout.text(),
             stderr=stderr.text(),
         )
+
+    def _wait_for_relay(
+        self,
+        selector: selectors.BaseSelector,
+        status_fd: int,
+        status: _StatusReader,
+        streams: dict[int, CapturedStream],
+    ) -> None:
+        deadline = time.monotonic() + _RELAY_EXIT_GRACE_S
+        while status_fd in selector.get_map():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            for key, _ in selector.select(remaining):
+                fd = int(key.fd)
+                if fd == status_fd:
+                    self._read_status(selector, fd, status)
+                elif fd in streams:
+                    self._read_into(selector, fd, streams)
 
     @staticmethod
     def _read_status(selector: selectors.BaseSelector, fd: int, status: _StatusReader) -> bool:
