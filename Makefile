@@ -7,7 +7,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8080
 PYTEST_ARGS ?=
 
-.PHONY: serve test lint typecheck unit bench clean
+.PHONY: serve test test-fast lint typecheck bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,14 +29,20 @@ serve: $(VENV)/.installed-serve
 	$(BIN)/mocksandbox serve --host $(HOST) --port $(PORT)
 
 lint: $(VENV)/.installed-test
-	$(BIN)/ruff check mocksandbox tests contract_tests benchmarks
+	$(BIN)/ruff check mocksandbox tests contract_tests benchmarks examples
 	$(BIN)/ruff format --check mocksandbox
 
 typecheck: $(VENV)/.installed-test
 	$(BIN)/mypy
 
+# The project's own tests (tests/, examples/), then the contract suite against a mock it starts.
 test: lint typecheck
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest contract_tests -n 2 -p no:cacheprovider
+
+# The same without the slow suites (pytester runs, Ray clusters), for a quick local loop.
+test-fast: lint typecheck
+	$(BIN)/python -m pytest -n 2 -m "not slow" $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/bench_run_code.py
