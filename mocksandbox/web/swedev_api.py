@@ -1,0 +1,119 @@
+"""The swedev endpoints verl's agentic rollout calls, and ``GET /_mock/sessions``.
+
+``POST /start_instance {"instance_hash"}`` -> ``{"sid": "<digits>"}``;
+``POST /process_action {"sid", "content"}`` -> ``{"content": "EXECUTION RESULT of [...]:\\n..."}``;
+``POST /postprocess {"sid"}`` -> a JSON object; ``POST /compute_reward {"sid"}`` -> ``{"reward", ...}``.
+``sid`` and ``instance_hash`` may be ints or strings. Unknown ones answer 404 with a ``detail`` that
+says which; malformed bodies 422 as everywhere else.
+"""
+
+from __future__ import annotations
+
+from flask import Blueprint, Flask, Response, request
+from pydantic import BaseModel
+
+from mocksandbox.sessions import (
+    SessionEndedError,
+    SessionLimitError,
+    UnknownInstanceError,
+    UnknownSessionError,
+)
+from mocksandbox.sessions.errors import SessionError
+from mocksandbox.web.responses import json_response
+from mocksandbox.web.sandbox_api import sandbox
+from mocksandbox.web.validation import read_body, validate_body
+
+blueprint = Blueprint("swedev_api", __name__)
+control_blueprint = Blueprint("swedev_control", __name__, url_prefix="/_mock")
+
+
+class StartInstanceRequest(BaseModel):
+    """Body of ``/start_instance``: verl sends the int64 hash of the ``instance_id``."""
+
+    instance_hash: int | str
+
+
+class ProcessActionRequest(BaseModel):
+    """Body of ``/process_action``: the model's decoded action text."""
+
+    sid: int | str
+    content: str
+
+
+class SessionRequest(BaseModel):
+    """Body of ``/postprocess`` and ``/compute_reward``."""
+
+    sid: int | str
+
+
+def register(app: Flask, control_api: bool) -> None:
+    """Add the swedev endpoints to ``app`` (and ``/_mock/sessions``, ``/_mock/instances`` with the
+    control API)."""
+    app.register_blueprint(blueprint)
+    if control_api:
+        app.register_blueprint(control_blueprint)
+
+
+def _body() -> object:
+    return read_body(request.get_data(cache=True), request.content_type)
+
+
+_STATUS = {
+    UnknownInstanceError: 404,
+    UnknownSessionError: 404,
+    SessionEndedError: 409,
+    SessionLimitError: 503,
+}
+
+
+@blueprint.errorhandler(SessionError)
+def _session_error(exc: SessionError) -> Response:
+    status = next((code for kind, code in _STATUS.items() if isinstance(exc, kind)), 500)
+    headers = {"Retry-After": "1"} if status == 503 else None
+    return json_response({"detail": str(exc)}, status=status, headers=headers)
+
+
+@blueprint.post("/start_instance")
+def start_instance() -> Response:
+    box = sandbox()
+    body = validate_body(StartInstanceRequest, _body(), box.settings.pydantic_docs_version)
+    return json_response({"sid": box.sessions.start(body.instance_hash)})
+
+
+@blueprint.post("/process_action")
+def process_action() -> Response:
+    box = sandbox()
+    body = validate_body(ProcessActionRequest, _body(), box.settings.pydantic_docs_version)
+    return json_response({"content": box.sessions.process_action(body.sid, body.content)})
+
+
+@blueprint.post("/postprocess")
+def postprocess() -> Response:
+    box = sandbox()
+    body = validate_body(SessionRequest, _body(), box.settings.pydantic_docs_version)
+    return json_response(box.sessions.postprocess(body.sid))
+
+
+@blueprint.post("/compute_reward")
+def compute_reward() -> Response:
+    box = sandbox()
+    body = validate_body(SessionRequest, _body(), box.settings.pydantic_docs_version)
+    return json_response(box.sessions.compute_reward(body.sid))
+
+
+@control_blueprint.get("/sessions")
+def list_sessions() -> Response:
+    return json_response(sandbox().sessions.list_sessions())
+
+
+@control_blueprint.get("/sessions/<sid>")
+def describe_session(sid: str) -> Response:
+    try:
+        return json_response(sandbox().sessions.describe(sid))
+    except UnknownSessionError as exc:
+        return json_response({"detail": str(exc)}, status=404)
+
+
+@control_blueprint.get("/instances")
+def list_instances() -> Response:
+    return json_response({"instances": [inst.summary() for inst in sandbox().sessions.registry.all()]})
