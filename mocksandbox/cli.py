@@ -34,6 +34,10 @@ def _serve(args: argparse.Namespace) -> int:
                 "overload": args.overload,
                 "queue_timeout_s": args.queue_timeout,
                 "control_api": False if args.no_control_api else None,
+                "datasets_dirs": args.datasets,
+                "jupyter_pool_size": args.jupyter_pool_size,
+                "jupyter_prewarm": args.jupyter_prewarm or None,
+                "jupyter_launcher": args.jupyter_launcher,
                 "instances_dirs": args.instances,
                 "state_dir": args.state_dir,
                 "swedev_backend": args.swedev_backend,
@@ -41,11 +45,13 @@ def _serve(args: argparse.Namespace) -> int:
                 "session_ttl_s": args.session_ttl,
                 "max_sessions": args.max_sessions,
                 "reward_mode": args.reward_mode,
+                "session_isolation": args.session_isolation,
             },
         )
     except SettingsError as exc:
         print(f"mocksandbox: {exc}", file=sys.stderr)
         return 2
+    from mocksandbox.datasets import DatasetLoadError
     from mocksandbox.faults import FaultError
     from mocksandbox.sessions import SessionError
 
@@ -65,6 +71,9 @@ def _serve(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"mocksandbox: cannot set up execution: {exc}", file=sys.stderr)
         return 2
+    except DatasetLoadError as exc:
+        print(f"mocksandbox: {exc}", file=sys.stderr)
+        return 2
     try:
         server = MockServer(settings.host, settings.port, create_app(sandbox), access_log=settings.access_log)
     except OSError as exc:
@@ -81,12 +90,24 @@ def _serve(args: argparse.Namespace) -> int:
     if sandbox.faults.rules():
         print(f"  faults: {len(sandbox.faults.rules())} rule(s) active", flush=True)
     print(f"  control API: {'/_mock/' if settings.control_api else 'off'}", flush=True)
+    print(f"  datasets: {', '.join(sandbox.datasets.list_datasets())}", flush=True)
+    print(
+        f"  jupyter: {settings.jupyter_pool_size} warm kernel(s) ({settings.jupyter_launcher}), "
+        f"{'filling now' if settings.jupyter_prewarm else 'started at the first /run_jupyter'}",
+        flush=True,
+    )
     sessions = sandbox.sessions
     state = sessions.state_dir or "a temporary dir (--state-dir DIR keeps sessions across restarts)"
     print(
         f"  swedev: {len(sessions.registry)} instance(s), state in {state}, runs {sessions.executor.name}",
         flush=True,
     )
+    try:
+        print(f"  swedev isolation: {sessions.isolation()[1]}", flush=True)
+    except SessionError as exc:
+        sandbox.close()
+        print(f"mocksandbox: {exc}", file=sys.stderr)
+        return 2
     print("  press Ctrl-C to stop", flush=True)
     # Stop the same clean way on Ctrl-C and on SIGTERM (and even when started with SIGINT ignored).
     signal.signal(signal.SIGINT, _interrupt)
@@ -169,6 +190,29 @@ def build_parser() -> argparse.ArgumentParser:
     swedev.add_argument("--max-sessions", type=int, metavar="N", help="live sessions at once (1024)")
     swedev.add_argument(
         "--reward-mode", choices=["f2p", "resolved"], help="reward: F2P pass fraction (default) or 0/1"
+    )
+    swedev.add_argument(
+        "--session-isolation",
+        choices=["auto", "namespace", "paths"],
+        help="/workspace per session: mount namespace, path translation, or auto (default)",
+    )
+    extras = serve.add_argument_group("datasets and Jupyter")
+    extras.add_argument(
+        "--datasets",
+        action="append",
+        metavar="DIR",
+        help="directory of dataset JSONL files (code_eval_<id>.jsonl), repeatable",
+    )
+    extras.add_argument(
+        "--jupyter-pool-size", type=int, metavar="N", help="kernels kept ready for /run_jupyter (2; 0: none)"
+    )
+    extras.add_argument(
+        "--jupyter-prewarm", action="store_true", help="start the kernels now, not at the first request"
+    )
+    extras.add_argument(
+        "--jupyter-launcher",
+        choices=["fork", "spawn"],
+        help="kernels forked from a template (default) or spawned",
     )
     serve.set_defaults(handler=_serve)
 

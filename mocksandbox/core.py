@@ -98,8 +98,8 @@ class MockSandbox:
         baseline = cls._configured_faults(settings)  # fail on a bad fault file before any set-up
         engine, confinement, launcher = create_engine(settings)
         try:  # instances are loaded and checked, a configured state dir is opened (and locked)
-            sessions = SessionManager.create(settings, engine.runner)
             datasets = DatasetService.from_settings(settings, engine)  # dataset files are read and checked
+            sessions = SessionManager.create(settings, engine.runner)
         except BaseException:
             launcher.close()
             confinement.close()

@@ -95,12 +95,15 @@ class Settings(BaseModel):
     session_command_timeout_s: float = Field(120.0, gt=0)
     #: Timeout of the test run that scores a session, in seconds.
     reward_timeout_s: float = Field(600.0, gt=0)
+    #: How a session sees its repository at ``/workspace/...``: ``namespace`` (a private mount
+    #: namespace per command; root only), ``paths`` (path translation), ``auto`` (namespace if possible).
+    session_isolation: Literal["auto", "namespace", "paths"] = "auto"
 
     # -- datasets and Jupyter (see mocksandbox.datasets, mocksandbox.jupyter) -------------------
     #: Directories of dataset files (``code_eval_<id>.jsonl`` or ``<id>.jsonl``) for the dataset
     #: endpoints, after the samples (``--datasets DIR``, repeatable; in the environment, ``:``-separated).
     datasets_dirs: list[str] = Field(default_factory=list)
-    #: Also serve the sample datasets of ``fixtures/datasets`` (present in a source checkout).
+    #: Also serve the sample datasets (``fixtures/datasets``, shipped in the package).
     sample_datasets: bool = True
     #: Kernels kept started for /run_jupyter (each serves one request, then is killed); 0: every
     #: request starts its own, as SandboxFusion does.

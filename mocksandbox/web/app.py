@@ -8,7 +8,7 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from mocksandbox.core import MockSandbox
-from mocksandbox.web import control_api, sandbox_api
+from mocksandbox.web import control_api, datasets_api, jupyter_api, sandbox_api, swedev_api
 from mocksandbox.web.middleware import MockLayer
 from mocksandbox.web.responses import json_response
 from mocksandbox.web.validation import BodyParseError, RequestValidationError
@@ -22,6 +22,9 @@ def create_app(sandbox: MockSandbox) -> Flask:
     # FastAPI has no automatic OPTIONS (nor HEAD, see below): both answer 405 there.
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
     app.register_blueprint(sandbox_api.blueprint)
+    app.register_blueprint(jupyter_api.blueprint)
+    app.register_blueprint(datasets_api.blueprint)
+    swedev_api.register(app, sandbox.settings.control_api)
     if sandbox.settings.control_api:
         app.register_blueprint(control_api.blueprint)
     # Journal, cap and faults wrap everything, so that faulted and rejected answers are recorded.

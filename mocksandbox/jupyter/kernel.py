@@ -1,0 +1,296 @@
+"""One IPython kernel: its process, a client over Unix sockets, running cells against a deadline.
+
+A kernel serves one request and is then killed: every request sees a brand-new interpreter, as with
+SandboxFusion, so nothing (variables, imports, working directory, environment, module state) can
+pass from one request to the next. What makes that cheap is the pool (:mod:`mocksandbox.jupyter.pool`)
+starting kernels ahead of time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import psutil
+
+from mocksandbox.jupyter.models import CellRunResult
+from mocksandbox.jupyter.outputs import CellOutputs
+
+if TYPE_CHECKING:
+    import zmq
+    from jupyter_client.session import Session
+
+#: How often a wait for the kernel checks that its process is still alive.
+_LIVENESS_INTERVAL_S = 0.25
+
+
+class KernelError(Exception):
+    """The kernel could not be started, or died."""
+
+
+class KernelDied(KernelError):
+    """The kernel process exited while it was running a cell."""
+
+
+class DeadlineExceeded(Exception):
+    """The request's time ran out (SandboxFusion: the driver was killed)."""
+
+
+class KernelProcess(Protocol):
+    """The operating-system side of a kernel."""
+
+    pid: int
+
+    def is_alive(self) -> bool: ...
+
+    def kill(self) -> None:
+        """Kill the kernel and the processes it started; return when they are gone."""
+
+
+def kill_tree(process: psutil.Process, timeout: float = 5.0) -> None:
+    """SIGKILL ``process``, its process group and its descendants; wait until they are gone."""
+    try:
+        victims = [process, *process.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    try:
+        if process.is_running() and os.getpgid(process.pid) == process.pid:
+            os.killpg(process.pid, signal.SIGKILL)  # the group: what it started and did not move away
+    except (ProcessLookupError, PermissionError):
+        pass
+    for victim in victims:
+        try:
+            victim.kill()  # psutil checks the pid was not reused
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(victims, timeout=timeout)
+
+
+class SpawnedProcess:
+    """A kernel started by us (``python -m ipykernel_launcher``): our child, reaped by us."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self.popen = popen
+        self.pid = popen.pid
+        self._process = psutil.Process(popen.pid)
+
+    def is_alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def kill(self) -> None:
+        kill_tree(self._process)
+        try:
+            self.popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+class ForkedProcess:
+    """A kernel forked by the fork server: its child, reaped by it."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        try:
+            self._process: psutil.Process | None = psutil.Process(pid)
+        except psutil.NoSuchProcess:
+            self._process = None
+
+    def is_alive(self) -> bool:
+        if self._process is None:
+            return False
+        try:
+            return self._process.is_running() and self._process.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def kill(self) -> None:
+        if self._process is not None:
+            kill_tree(self._process)
+
+
+class KernelConnection:
+    """The shell and IOPub channels of one kernel: plain zmq sockets and jupyter_client's message
+    signing, used from one thread at a time. (jupyter_client's blocking client would give every
+    calling thread an asyncio event loop of its own that is never closed.)"""
+
+    def __init__(self, info: dict[str, Any], context: zmq.Context[Any]) -> None:
+        import zmq
+        from jupyter_client.session import Session
+
+        self._zmq = zmq
+        self.session: Session = Session(
+            key=str(info["key"]).encode("ascii"), signature_scheme=info["signature_scheme"]
+        )
+        self.shell = context.socket(zmq.DEALER)
+        self.iopub = context.socket(zmq.SUB)
+        for socket, port in ((self.shell, info["shell_port"]), (self.iopub, info["iopub_port"])):
+            socket.linger = 0
+            socket.connect(f"ipc://{info['ip']}-{port}")
+        self.iopub.setsockopt(zmq.SUBSCRIBE, b"")
+
+    def send(self, msg_type: str, content: dict[str, Any]) -> str:
+        """Send a shell request; its message id."""
+        message = self.session.send(self.shell, msg_type, content)
+        if message is None:  # only when the session refuses to send from a forked child
+            raise KernelError("cannot send to the kernel")
+        return str(message["header"]["msg_id"])
+
+    def receive(self, socket: zmq.Socket[Any], timeout: float) -> dict[str, Any] | None:
+        """The next message on ``socket`` within ``timeout`` seconds, or None."""
+        if not socket.poll(max(0, int(timeout * 1000))):
+            return None
+        _, parts = self.session.feed_identities(socket.recv_multipart())
+        message: dict[str, Any] = self.session.deserialize(parts)
+        return message
+
+    def close(self) -> None:
+        self.shell.close(linger=0)
+        self.iopub.close(linger=0)
+
+
+class Kernel:
+    """A started kernel and its connection. Not thread-safe: one request uses it at a time."""
+
+    def __init__(self, process: KernelProcess, connection: KernelConnection, runtime_dir: Path) -> None:
+        self.process = process
+        self.connection = connection
+        self.runtime_dir = runtime_dir
+        self.started_at = time.monotonic()
+        #: Called once the kernel is closed (the starter forgets its process).
+        self.on_close: Callable[[], None] | None = None
+        #: Characters kept per stream per cell (``None``: all).
+        self.max_stream_chars: int | None = None
+        self._closed = False
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    # -- start ----------------------------------------------------------------------------------
+
+    def wait_ready(self, deadline: float) -> None:
+        """Return once the kernel answers on its shell channel and its IOPub subscription is live.
+
+        Kernels with the IOPub welcome message (ipykernel 7) say so as soon as the subscription
+        reaches them; with older ones, the busy/idle status of our own kernel_info request shows it.
+        """
+        connection = self.connection
+        asked: set[str] = set()
+        replied = False
+        iopub_live = False
+        while not (replied and iopub_live):
+            if time.monotonic() >= deadline:
+                raise DeadlineExceeded("the kernel did not become ready in time")
+            if not self.process.is_alive():
+                raise KernelError("the kernel exited while starting")
+            asked.add(connection.send("kernel_info_request", {}))
+            retry_at = min(time.monotonic() + 0.1, deadline)
+            while time.monotonic() < retry_at and not (replied and iopub_live):
+                reply = connection.receive(connection.shell, 0.005)
+                if reply is not None and reply["msg_type"] == "kernel_info_reply":
+                    replied = True
+                message = connection.receive(connection.iopub, 0.02)
+                if message is not None and (
+                    message["msg_type"] == "iopub_welcome" or message["parent_header"].get("msg_id") in asked
+                ):
+                    iopub_live = True
+        while connection.receive(connection.iopub, 0) is not None:
+            pass  # what remains of the handshake
+
+    # -- run ------------------------------------------------------------------------------------
+
+    def run_cell(self, code: str, deadline: float) -> CellRunResult:
+        """Execute ``code`` (as a notebook cell: history stored, errors do not stop later cells) and
+        collect its outputs until the kernel is idle again."""
+        outputs = CellOutputs(self.max_stream_chars)
+        self._execute(code, deadline, outputs.feed)
+        return outputs.result()
+
+    def run_setup(self, code: str, deadline: float) -> None:
+        """Execute bookkeeping code whose outputs nobody sees (it still counts as ``In[1]``)."""
+        errors: list[str] = []
+
+        def watch(msg_type: str, content: Any) -> None:
+            if msg_type == "error":
+                errors.append(f"{content.get('ename')}: {content.get('evalue')}")
+
+        self._execute(code, deadline, watch)
+        if errors:
+            raise KernelError(f"setting up the kernel failed: {errors[0]}")
+
+    def _execute(self, code: str, deadline: float, feed: Callable[[str, Any], None]) -> None:
+        msg_id = self.connection.send(
+            "execute_request",
+            {
+                "code": code,
+                "silent": False,
+                "store_history": True,
+                "user_expressions": {},
+                "allow_stdin": False,
+                "stop_on_error": False,
+            },
+        )
+        next_liveness_check = time.monotonic() + _LIVENESS_INTERVAL_S
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                raise DeadlineExceeded("the request ran out of time")
+            if now >= next_liveness_check:
+                if not self.process.is_alive():
+                    raise KernelDied("Kernel died")
+                next_liveness_check = now + _LIVENESS_INTERVAL_S
+            message = self.connection.receive(
+                self.connection.iopub, min(deadline - now, _LIVENESS_INTERVAL_S)
+            )
+            if message is None:
+                continue
+            if message["parent_header"].get("msg_id") != msg_id:
+                continue
+            msg_type = message["msg_type"]
+            if msg_type == "status" and message["content"].get("execution_state") == "idle":
+                return
+            feed(msg_type, message["content"])
+
+    # -- end ------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Kill the kernel and what it started, and remove its connection files. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.connection.close()
+        finally:
+            self.process.kill()
+            shutil.rmtree(self.runtime_dir, ignore_errors=True)
+            if self.on_close is not None:
+                self.on_close()
+
+
+def new_connection_file(runtime_dir: Path) -> tuple[Path, dict[str, Any]]:
+    """A connection file for a kernel on Unix sockets in ``runtime_dir`` (no TCP ports, no races),
+    and what it says."""
+    runtime_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info: dict[str, Any] = {
+        "shell_port": 1,
+        "iopub_port": 2,
+        "stdin_port": 3,
+        "control_port": 4,
+        "hb_port": 5,
+        "ip": str(runtime_dir / "s"),
+        "key": uuid.uuid4().hex,
+        "transport": "ipc",
+        "signature_scheme": "hmac-sha256",
+        "kernel_name": "",
+    }
+    path = runtime_dir / "kernel.json"
+    path.write_text(json.dumps(info, indent=1))
+    return path, info
