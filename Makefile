@@ -36,8 +36,9 @@ typecheck: $(VENV)/.installed-test
 	$(BIN)/mypy
 
 # The project's own tests (tests/, examples/), then the contract suite against a mock it starts.
+# --dist loadgroup keeps tests marked xdist_group("ray") on one worker: one Ray cluster, not two.
 test: lint typecheck
-	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 	$(BIN)/python -m pytest contract_tests -n 2 -p no:cacheprovider
 
 # The same without the slow suites (pytester runs, Ray clusters), for a quick local loop.
