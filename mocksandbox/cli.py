@@ -127,6 +127,7 @@ def _serve(args: argparse.Namespace) -> int:
 EXTRA_COMMAND_MODULES = (
     "mocksandbox.contract.command",  # mocksandbox contract
     "mocksandbox.stress.command",  # mocksandbox stress
+    "mocksandbox.tools.command",  # mocksandbox rollout
 )
 
 
