@@ -17,6 +17,7 @@ any other action decides the answer.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import itertools
 import json
 import random
@@ -180,14 +181,24 @@ class FaultSpec(_Strict):
 _SPEC_LIST = TypeAdapter(list[FaultSpec])
 
 
-@dataclass(frozen=True)
 class RequestInfo:
-    """What a matcher may look at."""
+    """What a matcher may look at; the body is decoded and parsed only if a matcher asks."""
 
-    method: str
-    path: str
-    body_text: str
-    json_body: Any
+    def __init__(self, method: str, path: str, raw_body: bytes) -> None:
+        self.method = method
+        self.path = path
+        self.raw_body = raw_body
+
+    @functools.cached_property
+    def body_text(self) -> str:
+        return self.raw_body.decode("utf-8", errors="replace")
+
+    @functools.cached_property
+    def json_body(self) -> Any:
+        try:
+            return json.loads(self.raw_body) if self.raw_body else None
+        except (ValueError, UnicodeDecodeError):
+            return None
 
 
 class FaultError(ValueError):

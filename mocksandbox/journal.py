@@ -11,26 +11,46 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+#: Bytes of each request and response body the journal keeps; a 8 MiB program output times ten
+#: thousand entries must not become the server's memory.
+BODY_LIMIT = 256 * 1024
+
 
 @dataclass
 class JournalEntry:
-    """One request and its answer. Times are seconds since the journal was (re)started."""
+    """One request and its answer. Times are seconds since the journal was (re)started.
+
+    Bodies are kept as bytes (up to :data:`BODY_LIMIT`) and parsed only when read: most entries
+    are never looked at.
+    """
 
     id: int
     method: str
     path: str
     query: str
-    body: Any
+    raw_body: bytes
     client: str
     started: float
     status: int | None = None
-    response: Any = None
+    raw_response: bytes | None = None
     ended: float | None = None
     #: Ids of the fault rules that fired, and the deciding action's type (``None`` if none).
     faults: list[str] = field(default_factory=list)
     fault_action: str | None = None
     #: ``"rejected"`` when the concurrency cap answered 429, ``"dropped"`` when no answer was sent.
     outcome: str = "answered"
+    body_truncated: bool = False
+    response_truncated: bool = False
+
+    @property
+    def body(self) -> Any:
+        """The request body: parsed JSON when it is JSON, else text."""
+        return parse_body(self.raw_body)
+
+    @property
+    def response(self) -> Any:
+        """The answer's body, parsed like :attr:`body`; ``None`` when none was sent."""
+        return None if self.raw_response is None else parse_body(self.raw_response)
 
     @property
     def duration(self) -> float | None:
@@ -38,10 +58,15 @@ class JournalEntry:
 
     @property
     def language(self) -> str | None:
-        return self.body.get("language") if isinstance(self.body, dict) else None
+        if b'"language"' not in self.raw_body:  # cheap: most filters look at every entry
+            return None
+        body = self.body
+        return body.get("language") if isinstance(body, dict) else None
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = {k: v for k, v in asdict(self).items() if k not in ("raw_body", "raw_response")}
+        data["body"] = self.body
+        data["response"] = self.response
         data["duration"] = self.duration
         return data
 
@@ -53,7 +78,7 @@ class JournalEntry:
 
 
 def parse_body(raw: bytes) -> Any:
-    """A body as the journal keeps it: parsed JSON when it is JSON, else text."""
+    """A body as the journal shows it: parsed JSON when it is JSON, else text."""
     if not raw:
         return None
     try:
@@ -86,19 +111,23 @@ class Journal:
     def now(self) -> float:
         return self._clock() - self._origin
 
-    def begin(self, method: str, path: str, query: str, body: Any, client: str) -> JournalEntry:
+    def begin(self, method: str, path: str, query: str, body: bytes, client: str) -> JournalEntry:
         with self._lock:
-            entry = JournalEntry(next(self._ids), method, path, query, body, client, self.now())
+            entry = JournalEntry(next(self._ids), method, path, query, body[:BODY_LIMIT], client, self.now())
+            entry.body_truncated = len(body) > BODY_LIMIT
             self._entries.append(entry)
             self.requests_total += 1
             self.by_path[path] += 1
         return entry
 
     def finish(
-        self, entry: JournalEntry, status: int | None, response: Any, outcome: str = "answered"
+        self, entry: JournalEntry, status: int | None, response: bytes | None, outcome: str = "answered"
     ) -> None:
         with self._lock:
-            entry.status, entry.response, entry.outcome = status, response, outcome
+            entry.status, entry.outcome = status, outcome
+            if response is not None:
+                entry.raw_response = response[:BODY_LIMIT]
+                entry.response_truncated = len(response) > BODY_LIMIT
             entry.ended = self.now()
             self.by_status[str(status) if status is not None else "none"] += 1
             for rule_id in entry.faults:

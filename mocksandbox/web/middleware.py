@@ -24,7 +24,7 @@ from mocksandbox.faults import (
     StatusAction,
     TruncateAction,
 )
-from mocksandbox.journal import JournalEntry, parse_body
+from mocksandbox.journal import JournalEntry
 from mocksandbox.models import RunCodeResponse, RunStatus
 
 StartResponse = Callable[..., Any]
@@ -89,12 +89,11 @@ class MockLayer:
 
         raw = self._read_body(environ)
         box = self.sandbox
-        body = parse_body(raw)
         entry = box.journal.begin(
             environ.get("REQUEST_METHOD", "GET"),
             path,
             environ.get("QUERY_STRING", ""),
-            body,
+            raw,
             f"{environ.get('REMOTE_ADDR', '')}:{environ.get('REMOTE_PORT', '')}",
         )
         policy = box.capacity
@@ -104,7 +103,7 @@ class MockLayer:
                 {"detail": "Too Many Requests"},
                 {"Retry-After": _seconds_header(policy.retry_after_s)},
             )
-            box.journal.finish(entry, 429, {"detail": "Too Many Requests"}, outcome="rejected")
+            box.journal.finish(entry, 429, answer.body, outcome="rejected")
             return answer.send(start_response)
 
         left = False
@@ -116,7 +115,7 @@ class MockLayer:
                 box.in_flight.leave()
 
         try:
-            answer_or_stream = self._answer(environ, raw, body, entry)
+            answer_or_stream = self._answer(environ, raw, entry)
         except DropConnection:
             box.journal.finish(entry, None, None, outcome="dropped")
             leave()
@@ -125,7 +124,7 @@ class MockLayer:
             leave()
             raise
         answer, chunks = answer_or_stream
-        box.journal.finish(entry, answer.status, parse_body(answer.body))
+        box.journal.finish(entry, answer.status, answer.body)
         if chunks is None:
             leave()
             return answer.send(start_response)
@@ -145,16 +144,10 @@ class MockLayer:
         return raw
 
     def _answer(
-        self, environ: dict[str, Any], raw: bytes, body: Any, entry: JournalEntry
+        self, environ: dict[str, Any], raw: bytes, entry: JournalEntry
     ) -> tuple[_Answer, Iterator[bytes] | None]:
         box = self.sandbox
-        info = RequestInfo(
-            method=entry.method,
-            path=entry.path,
-            body_text=raw.decode("utf-8", errors="replace"),
-            json_body=body,
-        )
-        decision = box.faults.decide(info)
+        decision = box.faults.decide(RequestInfo(entry.method, entry.path, raw))
         entry.faults = list(decision.rule_ids)
         action = decision.action
         entry.fault_action = getattr(action, "type", "delay" if decision.delay_seconds else None)

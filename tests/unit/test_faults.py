@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,7 +13,7 @@ from mocksandbox.faults import FaultError, FaultInjector, RequestInfo, load_faul
 
 def request(path: str = "/run_code", language: str = "python", method: str = "POST") -> RequestInfo:
     body = {"code": "print(1)", "language": language}
-    return RequestInfo(method=method, path=path, body_text=str(body), json_body=body)
+    return RequestInfo(method, path, json.dumps(body).encode())
 
 
 def fired(injector: FaultInjector, count: int, **kwargs: str) -> list[bool]:
