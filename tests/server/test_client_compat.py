@@ -22,7 +22,6 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -30,7 +29,6 @@ from typing import Any
 import pytest
 import requests
 
-from mocksandbox.core import MockSandbox
 from mocksandbox.server import ServerThread
 
 sandbox_fusion = pytest.importorskip("sandbox_fusion", reason="the sandbox-fusion client is not installed")
@@ -41,46 +39,14 @@ from sandbox_fusion import (  # noqa: E402
     SummaryMapping,
     run_code,
     run_code_async,
-    set_endpoint,
     summary_run_code_result,
 )
-from sandbox_fusion import config as sf_config  # noqa: E402
 
 _PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 
 
-# -- fixtures -------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerThread]:
-    box = MockSandbox.create()
-    srv = ServerThread(box, "127.0.0.1", 0).start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-        box.close()
-
-
-@pytest.fixture(autouse=True)
-def _loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The clients use ``requests`` with the environment's proxies: keep every byte on loopback."""
-    for name in _PROXY_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
-
-
-@pytest.fixture
-def sf_endpoint(server: ServerThread) -> Iterator[str]:
-    """Point the official client at the mock with ``set_endpoint``; restore its module state after."""
-    saved = (sf_config.SANDBOX_ENDPOINT, sf_config.DATASET_ENDPOINT)
-    set_endpoint(server.url + "/")  # the client strips the trailing slash
-    try:
-        yield server.url
-    finally:
-        sf_config.SANDBOX_ENDPOINT, sf_config.DATASET_ENDPOINT = saved
+# The server, the loopback-only environment and sf_endpoint come from tests/server/conftest.py.
+pytestmark = pytest.mark.usefixtures("loopback_only")
 
 
 # -- a. the official sandbox-fusion client --------------------------------------------------------

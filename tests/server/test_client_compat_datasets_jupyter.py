@@ -7,13 +7,8 @@ Nothing here asserts on wall-clock durations.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
-
-from mocksandbox.core import MockSandbox
-from mocksandbox.server import ServerThread
-from mocksandbox.settings import Settings
 
 pytest.importorskip("sandbox_fusion", reason="the sandbox-fusion client is not installed")
 pytest.importorskip("ipykernel", reason="the jupyter extra is not installed")
@@ -30,50 +25,18 @@ from sandbox_fusion import (
     get_prompts_async,
     run_jupyter,
     run_jupyter_async,
-    set_endpoint,
     submit,
     submit_async,
     submit_safe,
 )
-from sandbox_fusion import config as sf_config
 
-_PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerThread]:
-    box = MockSandbox.create(Settings(pod_name=None))
-    srv = ServerThread(box, "127.0.0.1", 0).start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-        box.close()
-
-
-@pytest.fixture(autouse=True)
-def _loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The clients use ``requests``/``aiohttp`` with the environment's proxies: keep them on loopback."""
-    for name in _PROXY_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
-
-
-@pytest.fixture
-def endpoint(server: ServerThread) -> Iterator[str]:
-    saved = (sf_config.SANDBOX_ENDPOINT, sf_config.DATASET_ENDPOINT)
-    set_endpoint(server.url)
-    try:
-        yield server.url
-    finally:
-        sf_config.SANDBOX_ENDPOINT, sf_config.DATASET_ENDPOINT = saved
+pytestmark = pytest.mark.usefixtures("loopback_only")
 
 
 # -- run_jupyter ------------------------------------------------------------------------------------
 
 
-def test_run_jupyter(endpoint: str) -> None:
+def test_run_jupyter(sf_endpoint: str) -> None:
     request = RunJupyterRequest(
         cells=[
             "a = 123",
@@ -97,7 +60,7 @@ def test_run_jupyter(endpoint: str) -> None:
     assert response.files == {"in.txt": "amZpbGU="}
 
 
-def test_run_jupyter_timeout_is_failed_not_an_exception(endpoint: str) -> None:
+def test_run_jupyter_timeout_is_failed_not_an_exception(sf_endpoint: str) -> None:
     response = run_jupyter(
         RunJupyterRequest(cells=["import time; time.sleep(30)"], total_timeout=-9.5), max_attempts=1
     )
@@ -106,7 +69,7 @@ def test_run_jupyter_timeout_is_failed_not_an_exception(endpoint: str) -> None:
     assert response.cells == []
 
 
-def test_run_jupyter_async(endpoint: str) -> None:
+def test_run_jupyter_async(sf_endpoint: str) -> None:
     response = asyncio.run(run_jupyter_async(RunJupyterRequest(cells=["6 * 7"]), max_attempts=1))
     assert response.cells[0].display == [{"text/plain": "42"}]
 
@@ -114,7 +77,7 @@ def test_run_jupyter_async(endpoint: str) -> None:
 # -- datasets -------------------------------------------------------------------------------------
 
 
-def test_get_prompts(endpoint: str) -> None:
+def test_get_prompts(sf_endpoint: str) -> None:
     prompts = get_prompts(GetPromptsRequest(dataset="mbpp", config=TestConfig(), offset=0, limit=3))
     assert [prompt.id for prompt in prompts] == [11, 12, 13]
     assert all(prompt.prompt.startswith("You are an expert Python programmer") for prompt in prompts)
@@ -131,17 +94,17 @@ def test_get_prompts(endpoint: str) -> None:
     )
 
 
-def test_get_prompts_errors_reach_the_caller(endpoint: str) -> None:
+def test_get_prompts_errors_reach_the_caller(sf_endpoint: str) -> None:
     with pytest.raises(Exception, match=r"responded with code 400: .*no eval class found for dataset nope"):
         get_prompts(GetPromptsRequest(dataset="nope", config=TestConfig()))
 
 
-def test_get_prompt_by_id(endpoint: str) -> None:
+def test_get_prompt_by_id(sf_endpoint: str) -> None:
     prompt = get_prompt_by_id(GetPromptByIdRequest(dataset="mbpp", config=TestConfig(), id=12))
     assert prompt.id == 12 and "sort_matrix" in prompt.prompt
 
 
-def test_submit(endpoint: str) -> None:
+def test_submit(sf_endpoint: str) -> None:
     completion = "```python\ndef sort_matrix(M):\n    return sorted(M, key=sum)\n```"
     result = submit(
         SubmitRequest(dataset="mbpp", id=12, completion=completion, config=TestConfig()), max_attempts=1
@@ -158,7 +121,7 @@ def test_submit(endpoint: str) -> None:
     assert wrong.accepted is False
 
 
-def test_submit_provided_data_and_judge_async(endpoint: str) -> None:
+def test_submit_provided_data_and_judge_async(sf_endpoint: str) -> None:
     row = {"id": 1, "content": "add", "labels": {"test_setup_code": ""}, "test_list": ["assert add(1,2)==3"]}
     config = TestConfig(provided_data=row)
     result = submit(
@@ -183,7 +146,7 @@ def test_submit_provided_data_and_judge_async(endpoint: str) -> None:
     assert [test.passed for test in judged.tests] == [True, True]
 
 
-def test_submit_safe_turns_a_500_into_a_rejection(endpoint: str) -> None:
+def test_submit_safe_turns_a_500_into_a_rejection(sf_endpoint: str) -> None:
     result = submit_safe(
         SubmitRequest(dataset="mbpp", id=99999, completion="x", config=TestConfig()), max_attempts=1
     )
