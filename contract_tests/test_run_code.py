@@ -135,11 +135,12 @@ def test_unicode_round_trip(target: Target) -> None:
     assert target.run_code(f"print({text!r})")["run_result"]["stdout"] == text + "\n"
 
 
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
 @pytest.mark.parametrize("size", [65_536, 200_000])
-def test_output_below_200_kb_is_complete(target: Target, size: int) -> None:
-    body = target.run_code(f"import sys\nsys.stdout.write('x' * {size})\nsys.stderr.write('y' * {size})")
-    assert len(body["run_result"]["stdout"]) == size
-    assert len(body["run_result"]["stderr"]) == size
+def test_output_below_200_kb_is_complete(target: Target, size: int, stream: str) -> None:
+    # One stream at a time: SandboxFusion measured each up to ~210 KB complete, not both at once.
+    body = target.run_code(f"import sys\nsys.{stream}.write('x' * {size})")
+    assert body["run_result"][stream] == "x" * size
 
 
 def test_cwd_is_a_fresh_temp_dir_holding_the_code(target: Target) -> None:
