@@ -14,13 +14,14 @@ from mocksandbox.ratelimit.base import (
     Pacer,
     Permit,
     PermitError,
+    PermitIssuer,
     check_limit,
     current_holder,
     wait_until_async,
 )
 
 
-class AsyncioLimiter(ContextManagerMixin):
+class AsyncioLimiter(PermitIssuer, ContextManagerMixin):
     """At most ``limit`` permits held at once among the coroutines of one event loop, FIFO.
 
     No locks: everything happens on the loop that first waited on it (using it from another loop
@@ -68,17 +69,6 @@ class AsyncioLimiter(ContextManagerMixin):
         elif self._loop is not loop:
             raise RuntimeError(f"AsyncioLimiter {self.name!r} is bound to another event loop")
         return loop
-
-    def _grant(self, holder: str) -> Permit:
-        permit = Permit(
-            f"{self.name}-{next(self._tokens)}",
-            holder,
-            self._clock(),
-            self.name,
-            {"start_at": self._pacer.reserve()},
-        )
-        self._held[permit.token] = permit
-        return permit
 
     async def acquire_async(self, timeout: float | None = None) -> Permit:
         loop = self._bind()

@@ -17,7 +17,7 @@ import contextvars
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -124,6 +124,28 @@ def current_holder() -> str:
     if task is not None:
         return f"{os.getpid()}:task:{id(task)}"
     return f"{os.getpid()}:thread:{threading.get_ident()}"
+
+
+class PermitIssuer:
+    """The permit bookkeeping the in-process limiters share: numbered tokens, the held table,
+    and each grant's start slot from the pacer. Callers serialise access (a lock, or one loop)."""
+
+    name: str
+    _clock: Callable[[], float]
+    _pacer: Pacer
+    _tokens: Iterator[int]
+    _held: dict[str, Permit]
+
+    def _grant(self, holder: str) -> Permit:
+        permit = Permit(
+            f"{self.name}-{next(self._tokens)}",
+            holder,
+            self._clock(),
+            self.name,
+            {"start_at": self._pacer.reserve()},
+        )
+        self._held[permit.token] = permit
+        return permit
 
 
 class ContextManagerMixin:

@@ -16,6 +16,7 @@ from mocksandbox.ratelimit.base import (
     Pacer,
     Permit,
     PermitError,
+    PermitIssuer,
     check_limit,
     current_holder,
     wait_until,
@@ -32,7 +33,7 @@ class _Waiter:
     permit: Permit | None = None
 
 
-class FairLimiter(ContextManagerMixin):
+class FairLimiter(PermitIssuer, ContextManagerMixin):
     """At most ``limit`` permits held at once, granted strictly in the order they were asked for.
 
     A released permit is handed straight to the longest waiter (no barging: a newcomer cannot
@@ -158,16 +159,8 @@ class FairLimiter(ContextManagerMixin):
         )
 
     def _grant(self, holder: str) -> Permit:
-        permit = Permit(
-            f"{self.name}-{next(self._tokens)}",
-            holder,
-            self._clock(),
-            self.name,
-            {"start_at": self._pacer.reserve()},
-        )
-        self._held[permit.token] = permit
         self.granted_total += 1
-        return permit
+        return super()._grant(holder)
 
     def _next_waiter(self) -> tuple[_Waiter, Permit] | None:
         """Under the lock: grant the freed permit to the first waiter, if any."""
