@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import ipaddress
 import json
 import math
@@ -105,18 +106,75 @@ def is_loopback_url(url: str) -> bool:
         return False
 
 
-def _check(response: requests.Response, expected_stdout: str | None) -> str | None:
+def _check(status: int, text: str, expected_stdout: str | None) -> str | None:
     """``None`` if the answer is the expected one, else what was wrong with it."""
-    if response.status_code != 200:
-        return f"HTTP {response.status_code}: {response.text[:200]}"
+    if status != 200:
+        return f"HTTP {status}: {text[:200]}"
     try:
-        body = response.json()
+        body = json.loads(text)
     except ValueError:
-        return f"not JSON: {response.text[:200]}"
+        return f"not JSON: {text[:200]}"
     run_result = body.get("run_result") or {}
     if expected_stdout is not None and run_result.get("stdout") != expected_stdout:
         return f"unexpected answer: {json.dumps(body)[:200]}"
     return None
+
+
+class _RequestsPoster:
+    """One ``requests.Session`` (what verl's clients use; about 2 ms of client CPU per call)."""
+
+    def __init__(self, url: str) -> None:
+        self.endpoint = url.rstrip("/") + "/run_code"
+        self.session = requests.Session()
+        # Never let a proxy variable take loopback traffic elsewhere.
+        self.session.trust_env = not is_loopback_url(url)
+
+    def post(self, payload: dict[str, Any], timeout: float) -> tuple[int, str]:
+        response = self.session.post(self.endpoint, json=payload, timeout=timeout)
+        return response.status_code, response.text
+
+    def close(self) -> None:
+        self.session.close()
+
+
+class _HttpClientPoster:
+    """One keep-alive ``http.client`` connection: a fraction of ``requests``' CPU per call, which
+    on a small machine leaves more of the cores to the server being measured (either target)."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
+        self.path = parts.path.rstrip("/") + "/run_code"
+        self.connection: http.client.HTTPConnection | None = None
+
+    def post(self, payload: dict[str, Any], timeout: float) -> tuple[int, str]:
+        body = json.dumps(payload).encode()
+        headers = {"Content-Type": "application/json"}
+        for attempt in range(2):
+            if self.connection is None:
+                self.connection = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+            try:
+                self.connection.request("POST", self.path, body, headers)
+                response = self.connection.getresponse()
+                text = response.read().decode("utf-8", "replace")
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                # The server closed an idle keep-alive connection: reconnect once.
+                self.close()
+                if attempt:
+                    raise
+                continue
+            if response.will_close:
+                self.close()
+            return response.status, text
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self.connection is not None:
+            self.connection.close()
+            self.connection = None
+
+
+CLIENTS = {"http": _HttpClientPoster, "requests": _RequestsPoster}
 
 
 def run_level(
@@ -125,10 +183,9 @@ def run_level(
     total: int,
     timeout: float,
     workload: list[tuple[dict[str, Any], str | None]] = WORKLOADS["print"],
+    client: str = "http",
 ) -> Level:
-    """``total`` requests from ``concurrency`` threads, each with its own ``requests.Session``."""
-    endpoint = url.rstrip("/") + "/run_code"
-    trust_env = not is_loopback_url(url)  # never let a proxy variable take loopback traffic elsewhere
+    """``total`` requests from ``concurrency`` threads, each with its own connection."""
     latencies: list[float] = []
     errors: list[str] = []
     lock = threading.Lock()
@@ -136,27 +193,26 @@ def run_level(
     gate = threading.Barrier(concurrency + 1)
 
     def worker() -> None:
-        with requests.Session() as session:
-            session.trust_env = trust_env
-            gate.wait()
-            while True:
-                with lock:
-                    index = next(next_index, None)
-                if index is None:
-                    return
-                payload, expected = workload[index % len(workload)]
-                started = time.perf_counter()
-                try:
-                    response = session.post(endpoint, json=payload, timeout=timeout)
-                    problem = _check(response, expected)
-                except requests.RequestException as exc:
-                    problem = f"{type(exc).__name__}: {exc}"
-                elapsed = time.perf_counter() - started
-                with lock:
-                    if problem is None:
-                        latencies.append(elapsed)
-                    else:
-                        errors.append(problem)
+        poster = CLIENTS[client](url)
+        gate.wait()
+        while True:
+            with lock:
+                index = next(next_index, None)
+            if index is None:
+                poster.close()
+                return
+            payload, expected = workload[index % len(workload)]
+            started = time.perf_counter()
+            try:
+                problem = _check(*poster.post(payload, timeout), expected)
+            except (requests.RequestException, OSError, http.client.HTTPException) as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+            elapsed = time.perf_counter() - started
+            with lock:
+                if problem is None:
+                    latencies.append(elapsed)
+                else:
+                    errors.append(problem)
 
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
     for thread in threads:
@@ -189,12 +245,13 @@ def measure_target(
     warmup: int,
     timeout: float,
     workload: list[tuple[dict[str, Any], str | None]] = WORKLOADS["print"],
+    client: str = "http",
 ) -> Target:
     target = Target(name, url)
     if warmup:
-        run_level(url, 1, warmup, timeout, workload)
+        run_level(url, 1, warmup, timeout, workload, client)
     for concurrency in levels:
-        target.levels.append(run_level(url, concurrency, total, timeout, workload))
+        target.levels.append(run_level(url, concurrency, total, timeout, workload, client))
     return target
 
 
@@ -336,6 +393,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "'in-process' measures a ServerThread inside this process instead",
     )
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="print", help="what to run (print)")
+    parser.add_argument(
+        "--client",
+        choices=sorted(CLIENTS),
+        default="http",
+        help="HTTP client of the load threads: 'http' (keep-alive http.client, light; default) or "
+        "'requests' (a requests.Session each, as verl; about 2 ms more client CPU per call)",
+    )
     args = parser.parse_args(argv)
     try:
         args.levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
@@ -358,7 +422,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.url:
             targets.append(
                 measure_target(
-                    "mock", args.url, args.levels, args.requests, args.warmup, args.timeout, workload
+                    "mock",
+                    args.url,
+                    args.levels,
+                    args.requests,
+                    args.warmup,
+                    args.timeout,
+                    workload,
+                    args.client,
                 )
             )
         else:
@@ -369,7 +440,16 @@ def main(argv: list[str] | None = None) -> int:
                     url = stack.enter_context(served_mock(mode))
                 name = f"mock-{mode}"
                 targets.append(
-                    measure_target(name, url, args.levels, args.requests, args.warmup, args.timeout, workload)
+                    measure_target(
+                        name,
+                        url,
+                        args.levels,
+                        args.requests,
+                        args.warmup,
+                        args.timeout,
+                        workload,
+                        args.client,
+                    )
                 )
         if args.reference_url:
             targets.append(
@@ -381,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.warmup,
                     args.timeout,
                     workload,
+                    args.client,
                 )
             )
         spawn = measure_spawn(python, args.spawn_runs or args.requests)
@@ -421,6 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     info = {
         "requests": args.requests,
         "workload": args.workload,
+        "client": args.client,
         "user_python": python,
         "host": f"{platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}",
         # Other work on the machine skews every figure; this says how busy it was.

@@ -26,7 +26,9 @@ import sys
 # line belongs to the launcher and is dropped from the program's module table.
 _BASELINE_MODULES = frozenset(sys.modules)
 
+import _signal  # noqa: E402
 import _socket  # noqa: E402
+import atexit  # noqa: E402 - kept: a program's exit runs it without importing it again
 import json  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
@@ -38,6 +40,8 @@ _MAX_FDS = 65536
 #: inherit: ignored signals stay ignored across exec.
 _RESET_FOR_EXEC = (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ)
 _ALL_SIGNALS = signal.valid_signals()
+# The per-run paths call ``_signal`` directly: ``signal``'s wrappers turn every old handler and
+# every signal of an old mask into enum members, which costs a forked child more than the call.
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -82,25 +86,27 @@ def _relay(request: dict, fds: list) -> None:
     """In the relay: start the program in a new session and report how it ended."""
     status_fd = fds[3]
     os.setsid()
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the launcher ignores it; we must wait
+    _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)  # the launcher ignores it; we must wait
     # Blocked, not handled: the relay outlives a signal sent to its whole process group and can
     # report how the program ended (only SIGKILL gets through). One call instead of one per signal.
-    signal.pthread_sigmask(signal.SIG_BLOCK, _ALL_SIGNALS)
+    _signal.pthread_sigmask(_signal.SIG_BLOCK, _ALL_SIGNALS)
     _join_cgroups(request["cgroup_procs"])
     pid = os.fork()
     if pid == 0:
         try:
             os.close(status_fd)
             _install_stdio(fds[:3])
-            # A new program starts with default dispositions and nothing blocked.
-            for sig in _RESET_FOR_EXEC:
-                signal.signal(sig, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_SETMASK, ())
-            _apply_memory_limit(request.get("memory_limit_mb", -1))
             if request["mode"] == "python":
                 _become_python_program(request)
+            # A new program starts with default dispositions and nothing blocked.
+            for sig in _RESET_FOR_EXEC:
+                _signal.signal(sig, _signal.SIG_DFL)
+            _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
+            _apply_memory_limit(request.get("memory_limit_mb", -1))
             os.chdir(request["cwd"])
-            os.execve(request["argv"][0], request["argv"], request["env"])
+            # No "env": the launcher's own environment, which the server found equal to the run's.
+            env = request["env"] if request["env"] is not None else os.environ
+            os.execve(request["argv"][0], request["argv"], env)
         except BaseException as exc:
             try:
                 os.write(2, f"mocksandbox launcher: cannot start the program: {exc}\n".encode())
@@ -140,26 +146,64 @@ def _make_stdio(fd: int, mode: str, model: object) -> object:
     return stream
 
 
+def _make_program_stdio() -> tuple:
+    """The std streams of every forked program, built once in the launcher.
+
+    A program's descriptors 0, 1 and 2 are always pipes, so the streams are built here on pipes
+    dup'ed onto 0, 1 and 2 (what a stream learns at creation, seekable or not, a tty or not, its
+    buffer size, is then what it would learn in the program), and the launcher's own descriptors
+    are put back. A stream holds only the descriptor number: in the forked program it reads and
+    writes the run's pipes, with empty buffers.
+    """
+    saved = [os.dup(fd) for fd in (0, 1, 2)]
+    read_end, write_end = os.pipe()
+    try:
+        os.dup2(read_end, 0)
+        os.dup2(write_end, 1)
+        os.dup2(write_end, 2)
+        return (
+            _make_stdio(0, "r", sys.__stdin__),
+            _make_stdio(1, "w", sys.__stdout__),
+            _make_stdio(2, "w", sys.__stderr__),
+        )
+    finally:
+        for fd, original in enumerate(saved):
+            os.dup2(original, fd)
+            os.close(original)
+        os.close(read_end)
+        os.close(write_end)
+
+
+#: Set by ``_serve`` before the first fork.
+_PROGRAM_STDIO: tuple = ()
+#: The launcher's own std streams, referenced here so that a program replacing them does not pay
+#: for tearing them down (they never close their descriptors: CPython opens them closefd=False).
+_LAUNCHER_STDIO = (sys.stdin, sys.stdout, sys.stderr)
+
+
 def _become_python_program(request: dict) -> None:
     """Turn this forked launcher into ``python <file>``; never returns."""
     path = request["file"]
     os.chdir(request["cwd"])
     env = request["env"]
-    if env != dict(os.environ):  # usually the launcher's own environment: nothing to do
+    if env is not None:  # None: the launcher's own environment, nothing to do
         os.environ.clear()
         os.environ.update(env)
     sys.argv[:] = [path]
     sys.path[0] = os.path.dirname(path)
-    stdin = _make_stdio(0, "r", sys.__stdin__)
-    stdout = _make_stdio(1, "w", sys.__stdout__)
-    stderr = _make_stdio(2, "w", sys.__stderr__)
+    stdin, stdout, stderr = _PROGRAM_STDIO
     sys.stdin = sys.__stdin__ = stdin
     sys.stdout = sys.__stdout__ = stdout
     sys.stderr = sys.__stderr__ = stderr
-    # What CPython's start-up sets: SIGPIPE and SIGXFSZ ignored, SIGINT -> KeyboardInterrupt.
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # What CPython's start-up sets: SIGPIPE and SIGXFSZ ignored, SIGINT -> KeyboardInterrupt, the
+    # rest (that the launcher changed) at their defaults; nothing blocked.
+    _signal.signal(_signal.SIGPIPE, _signal.SIG_IGN)
+    _signal.signal(_signal.SIGXFSZ, _signal.SIG_IGN)
+    _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+    _signal.signal(_signal.SIGTERM, _signal.SIG_DFL)
+    _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
+    _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
+    _apply_memory_limit(request.get("memory_limit_mb", -1))
 
     import _frozen_importlib_external  # in every interpreter's module table already
 
@@ -177,8 +221,7 @@ def _run_main(path: str, main: object) -> int:
     """Run the program as CPython's ``pymain_run_file`` does; its exit code."""
     code = 0
     try:
-        with open(path, "rb") as handle:
-            source = handle.read()
+        source = _read_file(path)
         compiled = compile(source, path, "exec", dont_inherit=True)
         exec(compiled, main.__dict__)
     except SystemExit as exc:
@@ -203,6 +246,20 @@ def _run_main(path: str, main: object) -> int:
     return _finish(code)
 
 
+def _read_file(path: str) -> bytes:
+    """The file's bytes, read with plain system calls (no io objects to build in the program)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+
+
 def _system_exit_code(exc: SystemExit) -> int:
     value = exc.code
     if value is None:
@@ -224,8 +281,6 @@ def _finish(code: int) -> int:
             threading._shutdown()
         except BaseException:
             pass
-    import atexit
-
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -268,6 +323,8 @@ def _warm_up() -> None:
 def _serve(sock: _socket.socket) -> None:
     import gc
 
+    global _PROGRAM_STDIO
+    _PROGRAM_STDIO = _make_program_stdio()
     _warm_up()
     _forget_launcher_modules()
     # Everything the launcher holds now lives for its whole life: keep the collector away from it,
@@ -300,6 +357,12 @@ def _serve(sock: _socket.socket) -> None:
             try:
                 sock.close()
                 _relay(request, fds)
+            except BaseException as exc:
+                # Said on the run's stderr (the run reports -9): otherwise a broken relay is silent.
+                try:
+                    os.write(fds[2], f"mocksandbox launcher: cannot start the run: {exc!r}\n".encode())
+                except OSError:
+                    pass
             finally:
                 os._exit(0)
         for fd in fds:

@@ -158,7 +158,8 @@ class ProcessRunner:
             "argv": ["/bin/bash", "-c", spec.command],
             "file": spec.python_file,
             "cwd": spec.cwd,
-            "env": dict(spec.env),
+            # The launcher's own environment is not sent again (most runs); it checks for None.
+            "env": None if spec.env == self.launcher.env else dict(spec.env),
             "cgroup_procs": jail.procs_files,
             "memory_limit_mb": spec.memory_limit_mb,
         }
