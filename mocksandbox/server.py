@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import ipaddress
 import socket
 import struct
 import threading
+import traceback
+from collections.abc import Iterable
 from typing import Any
 
+from werkzeug.exceptions import InternalServerError
 from werkzeug.serving import ThreadedWSGIServer, WSGIRequestHandler
 
 from mocksandbox.core import MockSandbox
@@ -16,14 +20,35 @@ from mocksandbox.web.middleware import DropConnection
 
 #: Pending connections the kernel holds for us; verl's client opens 32+ at once.
 LISTEN_BACKLOG = 1024
+#: Requests with a body up to this size keep their connection open (the body is read whole before
+#: the app runs); larger ones, chunked ones and HTTP/1.0 ones are answered with ``Connection: close``.
+KEEP_ALIVE_BODY_LIMIT = 64 * 1024 * 1024
 
 
 class _RequestHandler(WSGIRequestHandler):
-    """werkzeug's handler, logging request lines only when asked to, and able to drop a connection."""
+    """werkzeug's handler with HTTP/1.1 keep-alive, logging request lines only when asked to, and
+    able to drop a connection.
+
+    werkzeug ends every answer with ``Connection: close``: its handler cannot know whether the app
+    left part of a request body unread (which would then be parsed as the next request), and after
+    each answer it drains the socket for 10 ms. Here, a request whose body has a known size is read
+    whole before the app runs, so once the answer is out the connection sits at a request boundary
+    and is kept, as SandboxFusion's uvicorn keeps it: a client with a session pays for one TCP
+    connection and one server thread per connection instead of per request. Other requests
+    (chunked, HTTP/1.0, ``Connection: close``, huge bodies) take werkzeug's own path.
+    """
+
+    #: A kept connection carries the head and the body of an answer in separate writes: with Nagle's
+    #: algorithm the body would wait for the client's delayed ACK of the head (40 ms on Linux).
+    disable_nagle_algorithm = True
 
     def run_wsgi(self) -> None:
         try:
-            super().run_wsgi()
+            body = self._read_whole_body()
+            if body is None:
+                super().run_wsgi()
+            else:
+                self._run_wsgi_keeping_connection(body)
         except DropConnection as drop:
             self.close_connection = True
             if drop.mode == "reset":
@@ -33,6 +58,88 @@ class _RequestHandler(WSGIRequestHandler):
                 self.connection.close()
             else:
                 self.connection.shutdown(socket.SHUT_RDWR)
+
+    def _read_whole_body(self) -> bytes | None:
+        """The request body, if this request can keep its connection; otherwise ``None`` (and
+        nothing read)."""
+        if self.close_connection or self.request_version != "HTTP/1.1" or self.command == "HEAD":
+            return None  # (a HEAD answer must have no body: left to werkzeug, which closes)
+        if "Transfer-Encoding" in self.headers:
+            return None
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            return None
+        if not 0 <= length <= KEEP_ALIVE_BODY_LIMIT:
+            return None
+        if self.headers.get("Expect", "").lower().strip(" \t") == "100-continue":
+            self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        body = self.rfile.read(length) if length else b""
+        if len(body) < length:  # the client went away halfway through its body
+            self.close_connection = True
+            return None
+        return body
+
+    def _run_wsgi_keeping_connection(self, body: bytes) -> None:
+        """Run the app for one request whose body is already read; the connection stays open
+        unless the answer has no Content-Length (its end is then the connection's)."""
+        self.environ = environ = self.make_environ()
+        environ["wsgi.input"] = io.BytesIO(body)
+        status: str | None = None
+        headers: list[tuple[str, str]] = []
+        headers_sent = False
+
+        def write(data: bytes) -> None:
+            nonlocal headers_sent
+            assert status is not None, "write() before start_response"
+            if not headers_sent:
+                headers_sent = True
+                code, _, reason = status.partition(" ")
+                self.send_response(int(code), reason)
+                for key, value in headers:
+                    self.send_header(key, value)
+                if not any(key.lower() == "content-length" for key, _ in headers):
+                    self.close_connection = True
+                    self.send_header("Connection", "close")
+                self.end_headers()
+            if data:
+                self.wfile.write(data)
+                self.wfile.flush()
+
+        def start_response(new_status: str, new_headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            nonlocal status, headers
+            if exc_info is not None and headers_sent:
+                raise exc_info[1].with_traceback(exc_info[2])
+            status, headers = new_status, list(new_headers)
+            return write
+
+        def execute(app: Any) -> None:
+            chunks: Iterable[bytes] = app(environ, start_response)
+            try:
+                for data in chunks:
+                    write(data)
+                if not headers_sent:
+                    write(b"")
+            finally:
+                close = getattr(chunks, "close", None)
+                if close is not None:
+                    close()
+
+        try:
+            execute(self.server.app)
+        except (ConnectionError, TimeoutError) as exc:
+            self.close_connection = True
+            self.connection_dropped(exc, environ)
+        except Exception:
+            # As werkzeug does: a 500 if nothing was sent yet, and the traceback in the log.
+            self.close_connection = True
+            if not headers_sent:
+                try:
+                    status, headers = None, []
+                    execute(InternalServerError())
+                except Exception:
+                    pass
+            self.server.log("error", f"Error on request:\n{traceback.format_exc()}")
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         if getattr(self.server, "access_log", False):
@@ -48,6 +155,8 @@ class MockServer(ThreadedWSGIServer):
     def __init__(self, host: str, port: int, app: Any, access_log: bool = False) -> None:
         # Bind and listen ourselves: werkzeug would print and sys.exit() on a bind error, and we
         # want an OSError the caller can report (and our own backlog).
+        self._connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -58,6 +167,31 @@ class MockServer(ThreadedWSGIServer):
         finally:
             listener.close()  # werkzeug holds its own duplicate of the descriptor
         self.access_log = access_log
+
+    # Kept-alive connections outlive requests: they are tracked so that closing the server also
+    # ends them (after their answer in progress, if any), as it did when every answer closed them.
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._connections_lock:
+            self._connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._connections_lock:
+            self._connections.discard(request)
+        super().shutdown_request(request)
+
+    def server_close(self) -> None:
+        super().server_close()
+        with self._connections_lock:
+            connections = list(self._connections)
+        for connection in connections:
+            try:
+                # The handler waiting for a next request reads end-of-file and leaves; one still
+                # answering can finish writing its answer.
+                connection.shutdown(socket.SHUT_RD)
+            except OSError:
+                pass
 
     @property
     def url(self) -> str:

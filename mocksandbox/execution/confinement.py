@@ -62,6 +62,16 @@ def _write(path: Path | bytes, value: str) -> None:
         os.close(fd)
 
 
+def _read(path: str) -> bytes:
+    """A small control file's contents, with plain system calls (several per run: pathlib and io
+    objects would cost more than the reads)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 1 << 20)
+    finally:
+        os.close(fd)
+
+
 def _own_cgroup_path(controller: str) -> str:
     """This process's cgroup path in ``controller`` (v1), e.g. ``/`` or ``/docker/abc``."""
     for line in Path("/proc/self/cgroup").read_text().splitlines():
@@ -95,6 +105,8 @@ class CgroupJail:
             except OSError:
                 pass  # swap accounting off: the plain memory limit still holds
         self.procs_files = [str(d / "cgroup.procs") for d in dirs.values()]
+        self._freezer_procs = str(dirs["freezer"] / "cgroup.procs")
+        self._pids_current = str(dirs["pids"] / "pids.current")
 
     def reopen(self) -> CgroupJail:
         self._closed = False
@@ -102,7 +114,7 @@ class CgroupJail:
 
     def _pids(self) -> list[int]:
         try:
-            text = (self._dirs["freezer"] / "cgroup.procs").read_text()
+            text = _read(self._freezer_procs)
         except OSError:
             return []
         return [int(p) for p in text.split()]
@@ -146,7 +158,7 @@ class CgroupJail:
         """No task left, and none still charged: dead but unreaped tasks (a fork bomb's zombies)
         still count against pids.max, which would starve the next run."""
         try:
-            charged = int((self._dirs["pids"] / "pids.current").read_text())
+            charged = int(_read(self._pids_current))
         except (OSError, ValueError):
             return False
         return charged == 0 and not self._pids()
