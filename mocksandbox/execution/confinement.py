@@ -34,6 +34,9 @@ class RunJail(Protocol):
 
     #: ``cgroup.procs`` files the run's first process writes its pid to (empty: none).
     procs_files: list[str]
+    #: A ``cgroup.procs`` file holding the launcher, for it to rewrite while runs keep coming (see
+    #: ``forkserver.py``: it keeps cgroup moves fast); ``None`` where runs join no cgroup.
+    warm_procs_file: str | None
 
     def kill_all(self) -> None:
         """Kill every process of the run that is still alive and wait until they are gone."""
@@ -90,8 +93,10 @@ class CgroupJail:
         max_processes: int,
         max_memory_bytes: int,
         release: Callable[[CgroupJail], bool],
+        warm_procs_file: str | None = None,
     ) -> None:
         self._dirs = dirs
+        self.warm_procs_file = warm_procs_file
         self._release = release
         self._closed = False
         for directory in dirs.values():
@@ -222,6 +227,10 @@ class CgroupConfinement:
             parent = home / f"mocksandbox-{os.getpid()}-{self._instance}"
             parent.mkdir(exist_ok=True)
             self._parents[controller] = parent
+        # The launcher is our child, so it sits in our own pids cgroup: rewriting its pid there
+        # moves nothing but takes the lock that moves take (see forkserver.py).
+        own_pids_cgroup = _CGROUP_ROOT / "pids" / _own_cgroup_path("pids").lstrip("/")
+        self._warm_procs_file = str(own_pids_cgroup / "cgroup.procs")
         # Prove that a child group can be made, configured and removed before claiming to work.
         self.new_jail().remove()
 
@@ -241,7 +250,9 @@ class CgroupConfinement:
                 return self._idle.pop().reopen()
             run = f"run-{next(self._counter)}"
         dirs = {c: self._parents[c] / run for c in _CONTROLLERS}
-        return CgroupJail(dirs, self.max_processes, self.max_memory_bytes, self._take_back)
+        return CgroupJail(
+            dirs, self.max_processes, self.max_memory_bytes, self._take_back, self._warm_procs_file
+        )
 
     def _take_back(self, jail: CgroupJail) -> bool:
         """Keep an emptied jail for reuse: making and removing three cgroups per run costs more
@@ -274,6 +285,7 @@ class ProcessGroupJail:
     def __init__(self) -> None:
         self.leader_pid: int | None = None
         self.procs_files: list[str] = []
+        self.warm_procs_file: str | None = None
         self._known: dict[int, psutil.Process] = {}
 
     def attach(self, pid: int) -> None:

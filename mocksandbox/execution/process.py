@@ -161,6 +161,7 @@ class ProcessRunner:
             # The launcher's own environment is not sent again (most runs); it checks for None.
             "env": None if spec.env == self.launcher.env else dict(spec.env),
             "cgroup_procs": jail.procs_files,
+            "warm_procs_file": jail.warm_procs_file,
             "memory_limit_mb": spec.memory_limit_mb,
         }
         try:

@@ -1,0 +1,78 @@
+"""The launcher's own protocol, below the engine: runs, the environment it fills in, lock warming."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mocksandbox.execution.engine import program_environment
+from mocksandbox.execution.launcher import Launcher
+
+
+@pytest.fixture
+def launcher() -> Iterator[Launcher]:
+    started = Launcher(sys.executable, program_environment(os.environ))
+    started.start()
+    try:
+        yield started
+    finally:
+        started.close()
+
+
+def _run(launcher: Launcher, request: dict[str, object]) -> tuple[bytes, int]:
+    """Send one run; its stdout and the wait status the relay reported."""
+    pipes = [os.pipe() for _ in range(4)]
+    (stdin_r, stdin_w), (stdout_r, stdout_w), (stderr_r, stderr_w), (status_r, status_w) = pipes
+    try:
+        launcher.launch(request, [stdin_r, stdout_w, stderr_w, status_w])
+    finally:
+        for fd in (stdin_r, stdout_w, stderr_w, status_w, stdin_w):
+            os.close(fd)
+    status = b""
+    while chunk := os.read(status_r, 64):  # ends when the relay exits
+        status += chunk
+    stdout = b""
+    while chunk := os.read(stdout_r, 65536):
+        stdout += chunk
+    for fd in (status_r, stdout_r, stderr_r):
+        os.close(fd)
+    assert status[:1] == b"P" and status[9:10] == b"S", status
+    return stdout, int.from_bytes(status[10:18], "little", signed=True)
+
+
+def _request(tmp_path: Path, command: str, **extra: object) -> dict[str, object]:
+    return {
+        "mode": "exec",
+        "argv": ["/bin/bash", "-c", command],
+        "file": None,
+        "cwd": str(tmp_path),
+        "env": None,
+        "cgroup_procs": [],
+        "memory_limit_mb": -1,
+        **extra,
+    }
+
+
+def test_no_env_means_the_launchers_own_environment(launcher: Launcher, tmp_path: Path) -> None:
+    own, _ = _run(launcher, _request(tmp_path, 'printf %s "$PATH"'))
+    given, _ = _run(launcher, _request(tmp_path, 'printf %s "$PATH"', env={"PATH": "/only/this"}))
+    assert own.decode() == launcher.env["PATH"]
+    assert given == b"/only/this"
+
+
+def test_launcher_rewrites_its_pid_into_the_warm_file_after_a_run(launcher: Launcher, tmp_path: Path) -> None:
+    """The cgroup lock warmer: here aimed at a plain file, where its writes can be seen."""
+    warm_file = tmp_path / "cgroup.procs"
+    warm_file.write_bytes(b"")
+    _, wait_status = _run(launcher, _request(tmp_path, "exit 3", warm_procs_file=str(warm_file)))
+    assert os.waitstatus_to_exitcode(wait_status) == 3
+    deadline = time.monotonic() + 30
+    while warm_file.read_bytes() != str(launcher.pid).encode() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert warm_file.read_bytes() == str(launcher.pid).encode()
+
