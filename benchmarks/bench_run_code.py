@@ -1,15 +1,20 @@
 #!/usr/bin/env python3
-"""Throughput and latency of POST /run_code for ``print(1)``, next to the cost of a bare spawn.
+"""Throughput and latency of POST /run_code (``print(1)``, a sleep, or a mixed corpus), next to the
+cost of a bare spawn measured in the same run.
 
-By default the mock is started in this process (``ServerThread`` on 127.0.0.1, a free port), so the
-benchmark's client threads share its interpreter; pass ``--url`` to measure a server running on its
-own (``mocksandbox serve``). ``--reference-url`` measures a second server (e.g. a real SandboxFusion)
-with the same workload in the same run and prints the mock/reference ratios.
+By default each exec mode (``--modes fork,spawn``) is served by its own ``mocksandbox serve``
+process on 127.0.0.1 (a free port) and loaded at concurrency 1, 4 and 16 by client threads in this
+process; ``--url`` measures a server you started instead. ``--reference-url`` measures a second
+deployment (e.g. a real SandboxFusion you run yourself) with the same workload in the same run and
+prints the mock/reference ratios. The load threads use keep-alive ``http.client`` connections
+(light, so that more of a small machine goes to the servers); ``--client requests`` uses a
+``requests.Session`` each instead, as verl's clients do.
 
 Only loopback addresses are ever targeted unless you pass a URL yourself.
 
-    python benchmarks/bench_run_code.py --requests 100
+    python benchmarks/bench_run_code.py --requests 300
     python benchmarks/bench_run_code.py --reference-url http://127.0.0.1:8080 --json out.json
+    python benchmarks/bench_run_code.py --workload mixed --client requests
 """
 
 from __future__ import annotations
