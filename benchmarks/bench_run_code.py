@@ -46,6 +46,8 @@ EXPECTED_STDOUT = "1\n"
 #: Workloads: a list of (request, expected stdout or None for "any 200 answer").
 WORKLOADS: dict[str, list[tuple[dict[str, Any], str | None]]] = {
     "print": [(PAYLOAD, EXPECTED_STDOUT)],
+    # What verl's reward and tool calls send: the same program under memory_limit_MB 1024.
+    "verl": [({**PAYLOAD, "memory_limit_MB": 1024}, EXPECTED_STDOUT)],
     "sleep": [({"code": "import time\ntime.sleep(0.1)\nprint('slept')", "language": "python"}, "slept\n")],
     "mixed": [
         (PAYLOAD, EXPECTED_STDOUT),

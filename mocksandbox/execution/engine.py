@@ -45,6 +45,12 @@ _HIDDEN_PYTHON_VARIABLES = frozenset(
 )
 
 
+#: In fork mode, Python runs with a ``memory_limit_MB`` below this are spawned: a forked interpreter
+#: starts with a few MiB more address space in use than a new one (the launcher's), which only
+#: shows near a small limit (under 5 MiB a new interpreter cannot even start).
+FORK_MIN_MEMORY_LIMIT_MB = 128
+
+
 def program_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """The server's environment as user programs get it (SandboxFusion passes it whole)."""
     return {
@@ -210,14 +216,17 @@ class ExecutionEngine:
     def _forks(self, spec: LanguageSpec, request: RunCodeRequest) -> bool:
         """Whether this run takes the warm fork path.
 
-        Only plain Python, and not under a memory limit: an address-space limit applied to a
-        forked interpreter cannot reproduce what it does to a new one (a 5 MB limit fails at
-        load time there, rc 127), so those runs are spawned.
+        Only plain Python, and under no memory limit or one of at least
+        :data:`FORK_MIN_MEMORY_LIMIT_MB` (verl sends 1024 with every call): the launcher applies
+        the same rlimits and sizes new threads' stacks as glibc does at a program's start. Smaller
+        limits are spawned: what they do to a new interpreter (a 5 MB limit fails at load time,
+        rc 127) a warm one cannot reproduce.
         """
+        limit = request.memory_limit_MB
         return (
             self.settings.exec_mode == "fork"
             and spec.name == "python"
-            and request.memory_limit_MB <= 0
+            and (limit <= 0 or limit >= FORK_MIN_MEMORY_LIMIT_MB)
             and self._interpreter_placeholders["python"] == "python"
         )
 
