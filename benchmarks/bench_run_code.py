@@ -425,52 +425,26 @@ def main(argv: list[str] | None = None) -> int:
 
     python = args.python or load_settings().python
     targets: list[Target] = []
+
+    def measure(name: str, url: str) -> None:
+        targets.append(
+            measure_target(
+                name, url, args.levels, args.requests, args.warmup, args.timeout, workload, args.client
+            )
+        )
+
     with contextlib.ExitStack() as stack:
         if args.url:
-            targets.append(
-                measure_target(
-                    "mock",
-                    args.url,
-                    args.levels,
-                    args.requests,
-                    args.warmup,
-                    args.timeout,
-                    workload,
-                    args.client,
-                )
-            )
+            measure("mock", args.url)
         else:
             for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
                 if mode == "in-process":
                     url, python, _ = stack.enter_context(in_process_mock())
                 else:
                     url = stack.enter_context(served_mock(mode))
-                name = f"mock-{mode}"
-                targets.append(
-                    measure_target(
-                        name,
-                        url,
-                        args.levels,
-                        args.requests,
-                        args.warmup,
-                        args.timeout,
-                        workload,
-                        args.client,
-                    )
-                )
+                measure(f"mock-{mode}", url)
         if args.reference_url:
-            targets.append(
-                measure_target(
-                    "reference",
-                    args.reference_url,
-                    args.levels,
-                    args.requests,
-                    args.warmup,
-                    args.timeout,
-                    workload,
-                    args.client,
-                )
-            )
+            measure("reference", args.reference_url)
         spawn = measure_spawn(python, args.spawn_runs or args.requests)
 
     mock = targets[0]
