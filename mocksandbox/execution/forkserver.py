@@ -197,13 +197,29 @@ def _relay(request: dict, fds: list) -> None:
 # -- the warm Python path --------------------------------------------------------------------------
 
 
-def _make_stdio(fd: int, mode: str, model: object) -> object:
+def _stdio_encoding_and_errors(fd: int) -> tuple:
+    """What CPython's start-up chose for std stream ``fd``, read off the launcher's own streams;
+    for one the launcher was started without (``None``): the others' encoding, and the errors
+    CPython gives that stream (stderr always ``backslashreplace``)."""
+    own = (sys.__stdin__, sys.__stdout__, sys.__stderr__)[fd]
+    if own is not None:
+        return own.encoding, own.errors
+    other = sys.__stdout__ or sys.__stdin__ or sys.__stderr__
+    encoding = other.encoding if other is not None else sys.getfilesystemencoding()
+    if fd == 2:
+        return encoding, "backslashreplace"
+    sibling = (sys.__stdout__, sys.__stdin__)[fd]  # stdin's errors are stdout's, and back
+    return encoding, sibling.errors if sibling is not None else "strict"
+
+
+def _make_stdio(fd: int, mode: str) -> object:
     """A text stream on ``fd`` configured as CPython's start-up configures its std streams."""
+    encoding, errors = _stdio_encoding_and_errors(fd)
     stream = open(  # noqa: SIM115 - lives as long as the program
         fd,
         mode,
-        encoding=model.encoding,
-        errors=model.errors,
+        encoding=encoding,
+        errors=errors,
         newline="\n",
         closefd=False,
     )
@@ -227,11 +243,7 @@ def _make_program_stdio() -> tuple:
         os.dup2(read_end, 0)
         os.dup2(write_end, 1)
         os.dup2(write_end, 2)
-        return (
-            _make_stdio(0, "r", sys.__stdin__),
-            _make_stdio(1, "w", sys.__stdout__),
-            _make_stdio(2, "w", sys.__stderr__),
-        )
+        return (_make_stdio(0, "r"), _make_stdio(1, "w"), _make_stdio(2, "w"))
     finally:
         for fd, original in enumerate(saved):
             os.dup2(original, fd)
@@ -424,6 +436,19 @@ def _warm_up() -> None:
         sink.close()
 
 
+def _open_missing_std_fds() -> None:
+    """Put /dev/null on any of descriptors 0-2 the launcher was started without (a server run with
+    ``2>&-``): otherwise the next pipe or dup would take that number and be mistaken for it."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+
+
 def _serve(sock: _socket.socket) -> None:
     import gc
 
@@ -484,4 +509,5 @@ def _serve(sock: _socket.socket) -> None:
 
 
 if __name__ == "__main__":
+    _open_missing_std_fds()
     _serve(_socket.socket(fileno=int(sys.argv[1])))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -76,3 +78,33 @@ def test_launcher_rewrites_its_pid_into_the_warm_file_after_a_run(launcher: Laun
         time.sleep(0.05)
     assert warm_file.read_bytes() == str(launcher.pid).encode()
 
+
+
+def test_a_server_started_without_stderr_still_runs_programs(tmp_path: Path) -> None:
+    """``mocksandbox serve 2>&-``: the launcher inherits no descriptor 2 and a Python with no
+    ``sys.__stderr__``; programs still get three streams, stderr with CPython's error handler."""
+    script = tmp_path / "serve_without_stderr.py"
+    script.write_text(
+        "import json, os\n"
+        "from mocksandbox.settings import Settings\n"
+        "from mocksandbox.execution.engine import create_engine\n"
+        "from mocksandbox.models import RunCodeRequest\n"
+        "engine, confinement, launcher = create_engine(Settings(exec_mode='fork'))\n"
+        "answers = []\n"
+        "for code, language in (\n"
+        "    ('import sys; print(sys.stderr.errors); print(2, file=sys.stderr)', 'python'),\n"
+        "    ('echo 1; echo 2 >&2', 'bash'),\n"
+        "):\n"
+        "    result = engine.run_code(RunCodeRequest(code=code, language=language)).run_result\n"
+        "    answers.append([result.stdout, result.stderr, result.return_code])\n"
+        "launcher.close()\n"
+        "confinement.close()\n"
+        "os.write(1, json.dumps(answers).encode())\n"
+    )
+    done = subprocess.run(
+        ["/bin/bash", "-c", f'exec 2>&-; exec "$0" {script}', sys.executable],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
+    assert json.loads(done.stdout) == [["backslashreplace\n", "2\n", 0], ["1\n", "2\n", 0]]
