@@ -141,6 +141,17 @@ class _RequestHandler(WSGIRequestHandler):
                     pass
             self.server.log("error", f"Error on request:\n{traceback.format_exc()}")
 
+    def parse_request(self) -> bool:
+        if not super().parse_request():
+            return False
+        if not getattr(self.server, "accepting_requests", True):
+            # The server was closed while this connection was kept open: no answer, as a new
+            # connection would get none. (Shutting the socket down for reading cannot promise
+            # that alone: Linux still delivers data that arrives afterwards.)
+            self.close_connection = True
+            return False
+        return True
+
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         if getattr(self.server, "access_log", False):
             super().log_request(code, size)
@@ -157,6 +168,8 @@ class MockServer(ThreadedWSGIServer):
         # want an OSError the caller can report (and our own backlog).
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
+        #: False once the server is closed (werkzeug's own set-up calls server_close() first).
+        self.accepting_requests = False
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -167,6 +180,7 @@ class MockServer(ThreadedWSGIServer):
         finally:
             listener.close()  # werkzeug holds its own duplicate of the descriptor
         self.access_log = access_log
+        self.accepting_requests = True
 
     # Kept-alive connections outlive requests: they are tracked so that closing the server also
     # ends them (after their answer in progress, if any), as it did when every answer closed them.
@@ -184,6 +198,7 @@ class MockServer(ThreadedWSGIServer):
     def server_close(self) -> None:
         super().server_close()
         with self._connections_lock:
+            self.accepting_requests = False
             connections = list(self._connections)
         for connection in connections:
             try:
