@@ -118,7 +118,13 @@ def test_displays_subprocess_output_and_stdin(service: JupyterService) -> None:
         service,
         [
             "from IPython.display import display, clear_output\ndisplay('first')\nclear_output()\ndisplay({'k': 1})",
-            "import subprocess; subprocess.run(['echo', 'from a child'], check=True).returncode",
+            # ipykernel forwards what a child writes to descriptor 1 from a watcher thread, so it
+            # can reach the kernel's stream after the cell ends (in SandboxFusion too: it waits for
+            # idle the same way). The pause lets that thread, already woken by the data, forward it.
+            "import subprocess, time\n"
+            "rc = subprocess.run(['echo', 'from a child'], check=True).returncode\n"
+            "time.sleep(0.5)\n"
+            "rc",
             "input()",
         ],
     )
