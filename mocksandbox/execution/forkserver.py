@@ -29,12 +29,16 @@ _BASELINE_MODULES = frozenset(sys.modules)
 import _signal  # noqa: E402
 import _socket  # noqa: E402
 import atexit  # noqa: E402 - kept: a program's exit runs it without importing it again
-import ctypes  # noqa: E402 - for the thread stacks of memory-limited programs (see below)
 import json  # noqa: E402
 import os  # noqa: E402
 import resource  # noqa: E402
 import signal  # noqa: E402
 import time  # noqa: E402
+
+try:  # for the thread stacks of memory-limited programs (see _ThreadStackDefault)
+    import ctypes
+except ImportError:  # an interpreter built without libffi
+    ctypes = None
 
 _STATUS_PID = b"P"
 _STATUS_EXIT = b"S"
@@ -99,6 +103,8 @@ class _ThreadStackDefault:
     def __init__(self) -> None:
         self._functions = None
         self._own = self._current = 0
+        if ctypes is None:
+            return
         try:
             libc = ctypes.CDLL(None)
             self._functions = (
