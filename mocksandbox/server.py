@@ -47,6 +47,8 @@ class _RequestHandler(WSGIRequestHandler):
             body = self._read_whole_body()
             if body is None:
                 super().run_wsgi()
+            elif self.close_connection:
+                return  # the client went away halfway through its body: nothing to answer
             else:
                 self._run_wsgi_keeping_connection(body)
         except DropConnection as drop:
@@ -61,7 +63,8 @@ class _RequestHandler(WSGIRequestHandler):
 
     def _read_whole_body(self) -> bytes | None:
         """The request body, if this request can keep its connection; otherwise ``None`` (and
-        nothing read)."""
+        nothing read). A body cut short (the client left) is returned with the connection marked
+        for closing."""
         if self.close_connection or self.request_version != "HTTP/1.1" or self.command == "HEAD":
             return None  # (a HEAD answer must have no body: left to werkzeug, which closes)
         if "Transfer-Encoding" in self.headers:
@@ -75,9 +78,8 @@ class _RequestHandler(WSGIRequestHandler):
         if self.headers.get("Expect", "").lower().strip(" \t") == "100-continue":
             self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         body = self.rfile.read(length) if length else b""
-        if len(body) < length:  # the client went away halfway through its body
-            self.close_connection = True
-            return None
+        if len(body) < length:
+            self.close_connection = True  # the client went away: run_wsgi answers nothing
         return body
 
     def _run_wsgi_keeping_connection(self, body: bytes) -> None:

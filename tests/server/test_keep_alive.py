@@ -101,6 +101,25 @@ def test_http_1_0_request_is_answered_and_closed(served: tuple[MockSandbox, Serv
     assert json.loads(body)["run_result"]["stdout"] == "1\n"
 
 
+def test_client_leaving_halfway_through_its_body_gets_no_answer(
+    served: tuple[MockSandbox, ServerThread],
+) -> None:
+    box, server = served
+    with socket.create_connection(("127.0.0.1", server.server.port), timeout=30) as raw:
+        raw.sendall(
+            b"POST /run_code HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100\r\n\r\n" + PRINT[:10]
+        )
+        raw.shutdown(socket.SHUT_WR)
+        assert raw.recv(65536) == b""  # closed without an answer
+    connection = _connect(server)
+    try:
+        assert _post(connection, PRINT).status == 200
+    finally:
+        connection.close()
+    assert len(box.journal.entries()) == 1  # the cut request never reached the app
+
+
 def test_reset_fault_still_drops_a_kept_connection(served: tuple[MockSandbox, ServerThread]) -> None:
     box, server = served
     connection = _connect(server)
