@@ -26,6 +26,8 @@ import sys
 # line belongs to the launcher and is dropped from the program's module table.
 _BASELINE_MODULES = frozenset(sys.modules)
 
+# The per-run paths call ``_signal`` directly: ``signal``'s wrappers turn every old handler and
+# every signal of an old mask into enum members, which costs a forked child more than the call.
 import _signal  # noqa: E402
 import _socket  # noqa: E402
 import atexit  # noqa: E402 - kept: a program's exit runs it without importing it again
@@ -50,8 +52,6 @@ _ALL_SIGNALS = signal.valid_signals()
 #: Keeping cgroup moves fast (see ``_CgroupLockWarmer``): how long after a run, and how often.
 _WARM_FOR_S = 10.0
 _WARM_EVERY_S = 0.02
-# The per-run paths call ``_signal`` directly: ``signal``'s wrappers turn every old handler and
-# every signal of an old mask into enum members, which costs a forked child more than the call.
 
 
 def _write_all(fd: int, data: bytes) -> None:
