@@ -334,6 +334,18 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b and not math.isnan(a) and not math.isnan(b) else math.nan
 
 
+def _ratio_rows(first: Target, other: Target, levels: list[int]) -> list[dict[str, Any]]:
+    """``first``'s throughput and p50 over ``other``'s, per concurrency level."""
+    return [
+        {
+            "concurrency": c,
+            "rps_ratio": _ratio(first.level(c).rps, other.level(c).rps),
+            "p50_ratio": _ratio(first.level(c).p50_ms, other.level(c).p50_ms),
+        }
+        for c in levels
+    ]
+
+
 def print_report(
     targets: list[Target], spawn: dict[str, Any], ratios: dict[str, Any], info: dict[str, Any]
 ) -> None:
@@ -457,29 +469,11 @@ def main(argv: list[str] | None = None) -> int:
     mocks = [t for t in targets if t.name != "reference"]
     if len(mocks) > 1:
         ratios["first_mock_over_others"] = {
-            other.name: [
-                {
-                    "concurrency": c,
-                    "rps_ratio": _ratio(mock.level(c).rps, other.level(c).rps),
-                    "p50_ratio": _ratio(mock.level(c).p50_ms, other.level(c).p50_ms),
-                }
-                for c in args.levels
-            ]
-            for other in mocks[1:]
+            other.name: _ratio_rows(mock, other, args.levels) for other in mocks[1:]
         }
     if args.reference_url:
         reference = targets[-1]
-        ratios["mock_over_reference"] = {
-            m.name: [
-                {
-                    "concurrency": c,
-                    "rps_ratio": _ratio(m.level(c).rps, reference.level(c).rps),
-                    "p50_ratio": _ratio(m.level(c).p50_ms, reference.level(c).p50_ms),
-                }
-                for c in args.levels
-            ]
-            for m in mocks
-        }
+        ratios["mock_over_reference"] = {m.name: _ratio_rows(m, reference, args.levels) for m in mocks}
     info = {
         "requests": args.requests,
         "workload": args.workload,
