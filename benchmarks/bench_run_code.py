@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import http.client
-import ipaddress
 import json
 import math
 import os
@@ -39,6 +38,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import requests
+
+from mocksandbox.server import is_loopback
 
 PAYLOAD = {"code": "print(1)", "language": "python"}
 EXPECTED_STDOUT = "1\n"
@@ -104,13 +105,7 @@ def percentile(values: list[float], pct: float) -> float:
 
 
 def is_loopback_url(url: str) -> bool:
-    host = urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback(urlsplit(url).hostname or "")
 
 
 def _check(status: int, text: str, expected_stdout: str | None) -> str | None:
