@@ -25,6 +25,8 @@ from typing import Protocol
 
 import psutil
 
+from mocksandbox.execution.budget import ProcessBudget, discover_process_limits, plan_process_budget
+
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 _CONTROLLERS = ("pids", "memory", "freezer")
 
@@ -49,6 +51,8 @@ class Confinement(Protocol):
     """A factory of :class:`RunJail`, one per run."""
 
     name: str
+    #: How many processes runs may use, read off this host's limits at start-up.
+    budget: ProcessBudget
 
     def new_jail(self) -> RunJail: ...
 
@@ -92,7 +96,7 @@ class CgroupJail:
         dirs: dict[str, Path],
         max_processes: int,
         max_memory_bytes: int,
-        release: Callable[[CgroupJail], bool],
+        release: Callable[[CgroupJail, bool], None],
         warm_procs_file: str | None = None,
     ) -> None:
         self._dirs = dirs
@@ -151,25 +155,43 @@ class CgroupJail:
                 time.sleep(0.001)
 
     def close(self) -> None:
+        """Kill what is left, wait until the group charges nothing, and hand it back: to the pool
+        when it drained, else to be retired (never reused)."""
         if self._closed:
             return
         self.kill_all()
         self._closed = True
-        if self._is_clean() and self._release(self):
-            return  # back in the pool, empty, for the next run
-        self.remove()
+        self._release(self, self.wait_drained(DRAIN_BOUND_S))
 
-    def _is_clean(self) -> bool:
-        """No task left, and none still charged: dead but unreaped tasks (a fork bomb's zombies)
-        still count against pids.max, which would starve the next run."""
+    def _charged(self) -> int | None:
         try:
-            charged = int(_read(self._pids_current))
+            return int(_read(self._pids_current))
         except (OSError, ValueError):
-            return False
-        return charged == 0 and not self._pids()
+            return None
 
-    def remove(self) -> None:
-        """Delete the groups (waiting briefly for dying tasks to leave)."""
+    def wait_drained(self, within: float) -> bool:
+        """Whether, within ``within`` seconds, no task is left and none is still charged.
+
+        Dead but unreaped tasks (a fork bomb's zombies) still count against ``pids.max`` here and
+        in every cgroup above, the server's own included: an answer sent before they are reaped
+        would let the next runs find the budget spent. The launcher is their subreaper and reaps
+        them as they die (see ``forkserver.py``), so this is normally already true, or true within
+        a few milliseconds.
+        """
+        deadline = time.monotonic() + within
+        pause = 0.0005
+        while True:
+            charged = self._charged()
+            if charged == 0 and not self._pids():
+                return True
+            if charged is None or time.monotonic() >= deadline:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+
+    def remove(self) -> bool:
+        """Delete the groups (waiting briefly for dying tasks to leave); whether all are gone."""
+        removed = True
         for directory in self._dirs.values():
             for _ in range(100):
                 try:
@@ -179,6 +201,9 @@ class CgroupJail:
                     break
                 except OSError:
                     time.sleep(0.01)  # a dying task can keep the group busy for a moment
+            else:
+                removed = False
+        return removed
 
 
 def _remove_dir_tree(parent: Path) -> None:
@@ -196,6 +221,8 @@ def _remove_dir_tree(parent: Path) -> None:
 _INSTANCES = itertools.count()
 #: Emptied jails kept for reuse (about the most runs in flight at once).
 _IDLE_JAILS = 64
+#: How long a run's answer may wait for its cgroup to charge nothing before the group is retired.
+DRAIN_BOUND_S = 5.0
 
 
 def _remove_stale_parents(home: Path) -> None:
@@ -207,16 +234,26 @@ def _remove_stale_parents(home: Path) -> None:
 
 
 class CgroupConfinement:
-    """A cgroup per run under ``<own cgroup>/mocksandbox-<pid>-<instance>`` in each v1 controller."""
+    """A cgroup per run under ``<own cgroup>/mocksandbox-<pid>-<instance>`` in each v1 controller.
+
+    The ``pids`` parent holds every run's group and is capped at the budget's ``runs_total``, so
+    that the runs in flight together can never take what the server itself needs (see
+    :mod:`mocksandbox.execution.budget`); each run is capped at ``per_run``.
+    """
 
     name = "cgroup"
 
-    def __init__(self, max_processes: int, max_memory_mb: int) -> None:
-        self.max_processes = max_processes
+    def __init__(self, max_processes: int, max_memory_mb: int, budget: ProcessBudget | None = None) -> None:
+        self.budget = budget if budget is not None else ProcessBudget(None, 0, None, max_processes)
+        self.max_processes = min(max_processes, self.budget.per_run)
         self.max_memory_bytes = max_memory_mb * 1024 * 1024
         self._counter = itertools.count()
         self._lock = threading.Lock()
         self._idle: list[CgroupJail] = []
+        #: Jails that could not be removed yet (busy): never reused, removed at close.
+        self._retired: list[CgroupJail] = []
+        #: How many jails were retired because they did not drain in time (still charged or busy).
+        self.retired = 0
         self._closing = False
         self._parents: dict[str, Path] = {}
         # Several sandboxes may live in one process (tests, fixtures): each gets its own groups.
@@ -227,6 +264,8 @@ class CgroupConfinement:
             parent = home / f"mocksandbox-{os.getpid()}-{self._instance}"
             parent.mkdir(exist_ok=True)
             self._parents[controller] = parent
+        if self.budget.runs_total is not None:
+            _write(self._parents["pids"] / "pids.max", str(self.budget.runs_total))
         # The launcher is our child, so it sits in our own pids cgroup: rewriting its pid there
         # moves nothing but takes the lock that moves take (see forkserver.py).
         own_pids_cgroup = _CGROUP_ROOT / "pids" / _own_cgroup_path("pids").lstrip("/")
@@ -254,14 +293,18 @@ class CgroupConfinement:
             dirs, self.max_processes, self.max_memory_bytes, self._take_back, self._warm_procs_file
         )
 
-    def _take_back(self, jail: CgroupJail) -> bool:
-        """Keep an emptied jail for reuse: making and removing three cgroups per run costs more
-        than the run's own bookkeeping."""
+    def _take_back(self, jail: CgroupJail, drained: bool) -> None:
+        """Keep an emptied jail for reuse (making and removing three cgroups per run costs more
+        than the run's own bookkeeping); remove one that did not drain, or retire it."""
         with self._lock:
-            if self._closing or len(self._idle) >= _IDLE_JAILS:
-                return False
-            self._idle.append(jail)
-            return True
+            if drained and not self._closing and len(self._idle) < _IDLE_JAILS:
+                self._idle.append(jail)
+                return
+            if not drained:
+                self.retired += 1
+        if not jail.remove():
+            with self._lock:
+                self._retired.append(jail)  # still busy: removed at close
 
     def describe(self) -> str:
         return (
@@ -273,7 +316,8 @@ class CgroupConfinement:
         with self._lock:
             self._closing = True
             idle, self._idle = self._idle, []
-        for jail in idle:
+            retired, self._retired = self._retired, []
+        for jail in idle + retired:
             jail.remove()
         for parent in self._parents.values():
             _remove_dir_tree(parent)
@@ -324,6 +368,9 @@ class ProcessGroupConfinement:
 
     name = "process-group"
 
+    def __init__(self, budget: ProcessBudget | None = None) -> None:
+        self.budget = budget if budget is not None else ProcessBudget(None, 0, None, 0)
+
     def new_jail(self) -> ProcessGroupJail:
         return ProcessGroupJail()
 
@@ -334,15 +381,20 @@ class ProcessGroupConfinement:
         return None
 
 
-def create_confinement(mode: str, max_processes: int, max_memory_mb: int) -> Confinement:
-    """The confinement ``mode`` asks for; ``auto`` takes cgroups when this host allows them."""
+def create_confinement(
+    mode: str, max_processes: int, max_memory_mb: int, budget: ProcessBudget | None = None
+) -> Confinement:
+    """The confinement ``mode`` asks for; ``auto`` takes cgroups when this host allows them.
+    ``budget``: how many processes runs may use (by default read off this host's limits)."""
+    if budget is None:
+        budget = plan_process_budget(discover_process_limits(), max_processes)
     if mode in ("auto", "cgroup"):
         if CgroupConfinement.available():
             try:
-                return CgroupConfinement(max_processes, max_memory_mb)
+                return CgroupConfinement(max_processes, max_memory_mb, budget)
             except OSError:
                 if mode == "cgroup":
                     raise
         elif mode == "cgroup":
             raise OSError(errno.EACCES, "cgroup v1 pids/memory/freezer controllers are not writable here")
-    return ProcessGroupConfinement()
+    return ProcessGroupConfinement(budget)

@@ -14,7 +14,15 @@ Protocol, on a SOCK_SEQPACKET socket: the server sends one message per run, a JS
 with four file descriptors attached (stdin, stdout, stderr, status). On the status pipe the relay
 writes ``b"P"`` + its pid (8 bytes) once the program is started, then ``b"S"`` + the program's
 wait status (8 bytes, signed) when it has exited. A relay that dies first (a program killed its
-parent) closes the pipe without the ``S`` record.
+parent) closes the pipe without the ``S`` record. A run that could not be started (no process
+slot or memory left for the relay or the program) gets ``b"E"`` + the errno (8 bytes) instead: the
+server retries it or reports why, but never as a program's exit.
+
+The launcher is the *child subreaper* of everything it starts, with ``SIGCHLD`` ignored: a
+program's orphans (a fork bomb's, once their parents are killed) are handed to it and the kernel
+reaps them the moment they die. Otherwise they would go to the machine's init, which may take its
+time, and until then every zombie still counts against the ``pids.max`` of the run's cgroup and of
+every cgroup above it, the server's own included.
 
 Why a separate process: the server is multi-threaded and large; forking it per run is slow and
 unsafe, and a program that kills its parent must not kill the server.
@@ -44,6 +52,8 @@ except ImportError:  # an interpreter built without libffi
 
 _STATUS_PID = b"P"
 _STATUS_EXIT = b"S"
+_STATUS_LAUNCH_ERROR = b"E"
+_PR_SET_CHILD_SUBREAPER = 36
 _MAX_FDS = 65536
 #: Dispositions the launcher changes (or CPython set at start-up) that a new program must not
 #: inherit: ignored signals stay ignored across exec.
@@ -163,7 +173,11 @@ def _relay(request: dict, fds: list) -> None:
     # report how the program ended (only SIGKILL gets through). One call instead of one per signal.
     _signal.pthread_sigmask(_signal.SIG_BLOCK, _ALL_SIGNALS)
     _join_cgroups(request["cgroup_procs"])
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError as exc:  # EAGAIN: the cgroup's or the host's process budget is spent
+        _report_launch_error(status_fd, exc.errno)
+        os._exit(0)
     if pid == 0:
         try:
             os.close(status_fd)
@@ -198,6 +212,24 @@ def _relay(request: dict, fds: list) -> None:
             break
     _write_all(status_fd, _STATUS_EXIT + status.to_bytes(8, "little", signed=True))
     os._exit(0)
+
+
+def _report_launch_error(status_fd: int, error: int | None) -> None:
+    try:
+        _write_all(status_fd, _STATUS_LAUNCH_ERROR + (error or 0).to_bytes(8, "little", signed=True))
+    except OSError:
+        pass
+
+
+def _become_subreaper() -> bool:
+    """Make the launcher the reaper of its runs' orphans (Linux ``PR_SET_CHILD_SUBREAPER``)."""
+    if ctypes is None:
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 # -- the warm Python path --------------------------------------------------------------------------
@@ -466,7 +498,9 @@ def _serve(sock: _socket.socket) -> None:
     # so that a forked program's first collection does not touch (and copy) every page it shares.
     gc.collect()
     gc.freeze()
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # relays are reaped by the kernel
+    # Relays, and the orphans handed to the subreaper, are reaped by the kernel as they die.
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    _become_subreaper()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's Ctrl-C is the server's business
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     fd_size = _socket.CMSG_LEN(4 * 4)
@@ -493,8 +527,10 @@ def _serve(sock: _socket.socket) -> None:
                 raise ValueError(f"expected 4 descriptors, got {len(fds)}")
             thread_stacks.prepare(request)
             pid = os.fork()
-        except Exception:
+        except Exception as exc:
             pid = -1
+            if len(fds) == 4:
+                _report_launch_error(fds[3], getattr(exc, "errno", None))
         else:
             if pid:
                 warmer.ran(request.get("warm_procs_file"))
@@ -503,7 +539,8 @@ def _serve(sock: _socket.socket) -> None:
                 sock.close()
                 _relay(request, fds)
             except BaseException as exc:
-                # Said on the run's stderr (the run reports -9): otherwise a broken relay is silent.
+                # The run never started: said on the status pipe, and why on the run's stderr.
+                _report_launch_error(fds[3], getattr(exc, "errno", None))
                 try:
                     os.write(fds[2], f"mocksandbox launcher: cannot start the run: {exc!r}\n".encode())
                 except OSError:

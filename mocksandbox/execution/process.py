@@ -14,6 +14,7 @@ relay (the run then reports -9). In ``fork`` mode, Python programs skip the inte
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import selectors
@@ -94,13 +95,43 @@ class CommandSpec:
 RELAY_KILLED = -9
 
 
+#: Launch errors worth another try: the process budget (``pids.max``, ``RLIMIT_NPROC``) or memory
+#: was spent for a moment, typically by a fork bomb beside this run, and comes back when it ends.
+_RETRYABLE_LAUNCH_ERRORS = frozenset({errno.EAGAIN, errno.ENOMEM})
+#: Back-off between attempts to start a run, doubling from the first to the last.
+_LAUNCH_RETRY_FIRST_S = 0.005
+_LAUNCH_RETRY_MAX_S = 0.25
+
+
+class LaunchError(RuntimeError):
+    """A run that could not be started; the message says why (the run reports an ``Error``)."""
+
+    def __init__(self, error: int, attempts: int, waited: float) -> None:
+        self.errno = error
+        cause = f"[Errno {error}] {os.strerror(error)}" if error else "the launcher could not start it"
+        retried = f" (tried {attempts} times over {waited:.2f} s)" if attempts > 1 else ""
+        budget = (
+            ": no process or memory left in this server's budget" if error in _RETRYABLE_LAUNCH_ERRORS else ""
+        )
+        super().__init__(f"cannot start the program{budget}, {cause}{retried}")
+
+
+class _LaunchFailed(Exception):
+    """The relay or the launcher reported (``E``) that the run could not be started."""
+
+    def __init__(self, error: int) -> None:
+        super().__init__(error)
+        self.errno = error
+
+
 class _StatusReader:
-    """Parses the relay's status pipe: ``P`` + pid, then ``S`` + wait status."""
+    """Parses the relay's status pipe: ``P`` + pid, then ``S`` + wait status (or ``E`` + errno)."""
 
     def __init__(self) -> None:
         self.buffer = b""
         self.pid: int | None = None
         self.wait_status: int | None = None
+        self.launch_error: int | None = None
 
     def feed(self, chunk: bytes) -> None:
         self.buffer += chunk
@@ -111,6 +142,8 @@ class _StatusReader:
                 self.pid = int.from_bytes(value, "little")
             elif kind == b"S":
                 self.wait_status = int.from_bytes(value, "little", signed=True)
+            elif kind == b"E":
+                self.launch_error = int.from_bytes(value, "little", signed=True)
 
     def return_code(self) -> int:
         if self.wait_status is None:
@@ -138,16 +171,36 @@ class ProcessRunner:
                 stdout="",
                 stderr="",
             )
-        jail = self.confinement.new_jail()
         try:
-            return self._run_in(jail, spec)
+            return self._run_with_retries(spec)
         except Exception as exc:  # the run could not be started: SandboxFusion reports an Error result
             return CommandRunResult(
                 status=CommandRunStatus.Error,
                 stderr=f"exception on running command {spec.command}: {exc} | None",
             )
-        finally:
-            jail.close()
+
+    def _run_with_retries(self, spec: CommandSpec) -> CommandRunResult:
+        """Run ``spec`` in a fresh jail; a launch that fails for want of processes or memory is
+        tried again with back-off, within the run's own timeout, then reported (LaunchError)."""
+        first_try = time.monotonic()
+        give_up_at = first_try + (spec.timeout if math.isfinite(spec.timeout) else _LAUNCH_RETRY_MAX_S)
+        pause = _LAUNCH_RETRY_FIRST_S
+        attempts = 0
+        while True:
+            attempts += 1
+            jail = self.confinement.new_jail()
+            try:
+                # Time spent on failed attempts comes off the run's own timeout.
+                return self._run_in(jail, spec, spec.timeout - (time.monotonic() - first_try))
+            except _LaunchFailed as failed:
+                error = failed.errno
+            finally:
+                jail.close()
+            now = time.monotonic()
+            if error not in _RETRYABLE_LAUNCH_ERRORS or now + pause >= give_up_at:
+                raise LaunchError(error, attempts, now - first_try)
+            time.sleep(pause)
+            pause = min(pause * 2, _LAUNCH_RETRY_MAX_S)
 
     def _launch(self, jail: RunJail, spec: CommandSpec) -> tuple[int, int, int, int]:
         """Start the run; our ends of (stdin, stdout, stderr, status)."""
@@ -173,14 +226,13 @@ class ProcessRunner:
             close_quietly(stdin_r, stdout_w, stderr_w, status_w)
         return stdin_w, stdout_r, stderr_r, status_r
 
-    def _run_in(self, jail: RunJail, spec: CommandSpec) -> CommandRunResult:
+    def _run_in(self, jail: RunJail, spec: CommandSpec, timeout: float) -> CommandRunResult:
         stdout = CapturedStream(self.max_output_bytes, bytearray())
         stderr = CapturedStream(self.max_output_bytes, bytearray())
         status = _StatusReader()
         stdin_fd, stdout_fd, stderr_fd, status_fd = self._launch(jail, spec)
         started = time.monotonic()
-        timeout = spec.timeout if math.isfinite(spec.timeout) else 365 * 24 * 3600.0
-        deadline = started + timeout
+        deadline = started + (timeout if math.isfinite(timeout) else 365 * 24 * 3600.0)
         streams = {stdout_fd: stdout, stderr_fd: stderr}
         open_fds = {stdin_fd, stdout_fd, stderr_fd, status_fd}
         pending_stdin = memoryview(spec.stdin or b"")
@@ -227,6 +279,8 @@ class ProcessRunner:
                 timed_out, elapsed = True, time.monotonic() - started
             else:
                 timed_out, elapsed = False, exited_at - started
+            if status.launch_error is not None:
+                raise _LaunchFailed(status.launch_error)
             if status.pid is not None and isinstance(jail, ProcessGroupJail):
                 jail.attach(status.pid)
             if not timed_out:

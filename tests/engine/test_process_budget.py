@@ -1,0 +1,104 @@
+"""The engine under a process budget: runs that cannot start say why, runs are answered only once
+everything they started is reaped, and a cgroup that does not drain is never reused."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mocksandbox.execution import confinement as confinement_module
+from mocksandbox.execution.budget import ProcessBudget
+from mocksandbox.execution.confinement import CgroupConfinement
+from mocksandbox.execution.engine import ExecutionEngine, program_environment
+from mocksandbox.execution.launcher import Launcher
+from mocksandbox.execution.process import ProcessRunner
+from mocksandbox.models import CommandRunStatus, RunCodeRequest, RunStatus
+from mocksandbox.settings import Settings
+
+pytestmark = pytest.mark.skipif(
+    not CgroupConfinement.available(),
+    reason="cgroup v1 pids/memory/freezer controllers are not writable here",
+)
+
+
+def _engine(
+    confinement: CgroupConfinement, tmp_path: Path, exec_mode: str = "fork"
+) -> Iterator[ExecutionEngine]:
+    settings = Settings(tmp_root=str(tmp_path), exec_mode=exec_mode)  # type: ignore[arg-type]
+    launcher = Launcher(settings.python, program_environment(os.environ))
+    launcher.start()
+    try:
+        yield ExecutionEngine(settings, ProcessRunner(confinement, launcher, 1 << 20))
+    finally:
+        launcher.close()
+        confinement.close()
+
+
+@pytest.fixture(params=["fork", "spawn"])
+def starved_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ExecutionEngine]:
+    """Runs may have one process in all: the relay fits, the program it forks never does."""
+    budget = ProcessBudget(binding=None, server_reserve=0, runs_total=1, per_run=1)
+    yield from _engine(CgroupConfinement(512, 1024, budget), tmp_path, request.param)
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[ExecutionEngine]:
+    budget = ProcessBudget(binding=None, server_reserve=0, runs_total=256, per_run=64)
+    yield from _engine(CgroupConfinement(512, 1024, budget), tmp_path)
+
+
+def test_a_run_that_cannot_start_is_a_sandbox_error_naming_the_cause(starved_engine: ExecutionEngine) -> None:
+    started = time.monotonic()
+    answer = starved_engine.run_code(RunCodeRequest(code="print(1)", language="python", run_timeout=0.5))
+    waited = time.monotonic() - started
+    assert answer.status == RunStatus.SandboxError
+    assert answer.run_result is not None
+    # Never a made-up exit of a program that did not start.
+    assert answer.run_result.status == CommandRunStatus.Error
+    assert answer.run_result.return_code is None
+    assert "cannot start the program: no process or memory left in this server's budget" in answer.message
+    assert "[Errno 11] Resource temporarily unavailable" in answer.message
+    assert "tried " in answer.message  # retried with back-off...
+    assert waited < 5, "...within the run's own timeout"
+    assert answer.message == answer.run_result.stderr
+
+
+def test_a_fork_bomb_is_reaped_before_it_is_answered(engine: ExecutionEngine) -> None:
+    """When the answer comes, nothing the bomb started is alive or still charged: its orphans went to
+    the launcher (their subreaper), not to init, and were reaped as they died."""
+    bomb = "import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(0.01)\n"
+    confinement = engine.runner.confinement  # type: ignore[attr-defined]
+    parent = confinement._parents["pids"]
+    answer = engine.run_code(RunCodeRequest(code=bomb, language="python", run_timeout=1))
+    assert answer.run_result is not None
+    assert answer.run_result.status == CommandRunStatus.TimeLimitExceeded
+    assert int((parent / "pids.current").read_text()) == 0
+    assert confinement.retired == 0
+    answer = engine.run_code(RunCodeRequest(code="print(6*7)", language="python"))
+    assert answer.run_result is not None and answer.run_result.stdout == "42\n"
+
+
+def test_a_cgroup_that_does_not_drain_is_retired(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task that stays charged (here a zombie whose parent, this test, does not reap it yet) keeps
+    its cgroup from being reused."""
+    monkeypatch.setattr(confinement_module, "DRAIN_BOUND_S", 0.2)
+    budget = ProcessBudget(binding=None, server_reserve=0, runs_total=64, per_run=16)
+    confinement = CgroupConfinement(512, 1024, budget)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        jail = confinement.new_jail()
+        for procs in jail.procs_files:
+            Path(procs).write_text(str(child.pid))
+        jail.close()  # kills the child, which stays a zombie of ours: charged, not drained
+        assert confinement.retired == 1
+        assert confinement.new_jail() is not jail
+    finally:
+        child.wait()
+        confinement.close()
+    assert not confinement._parents["pids"].exists()

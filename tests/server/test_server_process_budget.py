@@ -1,0 +1,206 @@
+"""A server that lives under a process budget (a container's or a CI job's ``pids.max``) survives
+fork bombs: the runs after one, and the runs beside several, are answered right.
+
+The server runs as ``mocksandbox serve`` in a pids cgroup of its own whose ``pids.max`` (400) is
+smaller than the per-run default (512), as a container or a systemd unit would place it. Before the
+budget was split at start-up, one fork bomb filled the server's own cgroup: the next runs came back
+as a made-up ``Finished -9`` because the launcher could not fork, and they kept failing for as long
+as the bomb's zombies, handed to the machine's init, waited to be reaped.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+
+from mocksandbox.execution.confinement import CgroupConfinement
+
+pytestmark = pytest.mark.slow
+
+#: The budget the server is given: smaller than the per-run default of 512.
+SERVER_PIDS_MAX = 400
+PYTHON_FORK_BOMB = "import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(0.01)\n"
+#: Each copy starts two more in the background and waits for neither: the shell's classic.
+BASH_FORK_BOMB = "b(){ b | b & }; b; sleep 5"
+
+
+def _own_pids_cgroup() -> Path:
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "pids" in controllers.split(","):
+            return Path("/sys/fs/cgroup/pids") / path.lstrip("/")
+    raise FileNotFoundError("no v1 pids controller")
+
+
+@pytest.fixture
+def budget_cgroup() -> Iterator[Path]:
+    """A pids cgroup capped at :data:`SERVER_PIDS_MAX`, removed afterwards with all it holds."""
+    if not CgroupConfinement.available():
+        pytest.skip("cgroup v1 pids/memory/freezer controllers are not writable here: no budget cgroup")
+    group = _own_pids_cgroup() / f"mocksandbox-test-budget-{uuid.uuid4().hex[:8]}"
+    try:
+        group.mkdir()
+        (group / "pids.max").write_text(str(SERVER_PIDS_MAX))
+    except OSError as exc:
+        pytest.skip(f"cannot make a pids cgroup here: {exc}")
+    try:
+        yield group
+    finally:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            pids = [int(p) for p in (group / "cgroup.procs").read_text().split()]
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
+        for child in sorted(group.rglob("*"), reverse=True):
+            if child.is_dir():
+                try:
+                    child.rmdir()
+                except OSError:
+                    pass
+        try:
+            group.rmdir()
+        except OSError:
+            pass
+
+
+@dataclass
+class BudgetServer:
+    url: str
+    process: subprocess.Popen[str]
+    cgroup: Path
+    runs_dir: Path
+    banner: list[str]
+
+    def run(self, code: str, language: str = "python", **fields: object) -> dict[str, object]:
+        response = requests.post(
+            f"{self.url}/run_code",
+            json={"code": code, "language": language, **fields},
+            timeout=60,
+            proxies={"http": "", "https": ""},
+        )
+        assert response.status_code == 200, response.text
+        answer: dict[str, object] = response.json()
+        return answer
+
+    def runs_parent(self) -> Path:
+        """The cgroup that holds every run's cgroup (``mocksandbox-<server pid>-<n>``)."""
+        (parent,) = self.cgroup.glob(f"mocksandbox-{self.process.pid}-*")
+        return parent
+
+
+@pytest.fixture
+def budget_server(budget_cgroup: Path, tmp_path: Path) -> Iterator[BudgetServer]:
+    """``mocksandbox serve`` started inside the budget cgroup (it joins before it execs)."""
+    runs_dir = tmp_path / "runs"
+    runs_dir.mkdir()
+    env = {**os.environ, "MOCKSANDBOX_TMP_ROOT": str(runs_dir), "NO_PROXY": "127.0.0.1"}
+    # The shell moves itself into the cgroup, then becomes the server: everything it starts
+    # (launcher, relays, runs) is charged there from the first instruction.
+    command = f'echo $$ > {budget_cgroup}/cgroup.procs && exec "$0" -m mocksandbox.cli serve --port 0'
+    process = subprocess.Popen(
+        ["/bin/sh", "-c", command, sys.executable],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    banner: list[str] = []
+    url = None
+    assert process.stdout is not None
+    while url is None:
+        line = process.stdout.readline()
+        if not line:
+            pytest.fail(f"server did not start:\n{''.join(banner)}")
+        banner.append(line)
+        if " serving on " in line:
+            url = line.rsplit(" ", 1)[1].strip()
+    while not banner[-1].startswith("  press Ctrl-C"):
+        banner.append(process.stdout.readline())
+    try:
+        yield BudgetServer(url, process, budget_cgroup, runs_dir, banner)
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _assert_ordinary(answer: dict[str, object], expected: str) -> None:
+    run_result = answer["run_result"]
+    assert answer["status"] == "Success", answer
+    assert isinstance(run_result, dict) and run_result["stdout"] == expected, answer
+
+
+def _assert_nothing_left(server: BudgetServer) -> None:
+    """No process of any run is left or still charged, and no temp dir: the server is up."""
+    parent = server.runs_parent()
+    deadline = time.monotonic() + 5
+    while int((parent / "pids.current").read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert int((parent / "pids.current").read_text()) == 0, "a run's processes are still charged"
+    assert list(server.runs_dir.iterdir()) == []
+    assert server.process.poll() is None
+    _assert_ordinary(server.run("print(6*7)"), "42\n")
+
+
+def test_banner_states_the_budget(budget_server: BudgetServer) -> None:
+    (line,) = [line for line in budget_server.banner if "process budget:" in line]
+    assert f"{SERVER_PIDS_MAX} (cgroup v1 pids.max of /" in line, line
+    (confinement,) = [line for line in budget_server.banner if "confinement:" in line]
+    per_run = int(confinement.split("pids.max=", 1)[1].split(",", 1)[0])
+    assert per_run < SERVER_PIDS_MAX // 4, confinement
+    runs_total = int((budget_server.runs_parent() / "pids.max").read_text())
+    assert runs_total < SERVER_PIDS_MAX - 32, "the server keeps a reserve for its own threads"
+
+
+def test_fork_bombs_then_ordinary_runs(budget_server: BudgetServer) -> None:
+    """20 rounds: a fork bomb (python, then bash, alternately), then an ordinary run."""
+    for round_number in range(20):
+        if round_number % 2:
+            bomb = budget_server.run(BASH_FORK_BOMB, "bash", run_timeout=1)
+        else:
+            bomb = budget_server.run(PYTHON_FORK_BOMB, run_timeout=1)
+        # Whatever the bomb got, it is never a made-up exit of a program that did not start.
+        assert bomb["status"] in ("Failed", "Success"), bomb
+        _assert_ordinary(budget_server.run(f"print({round_number} * 7)"), f"{round_number * 7}\n")
+        _assert_ordinary(budget_server.run(f"echo round {round_number}", "bash"), f"round {round_number}\n")
+    _assert_nothing_left(budget_server)
+
+
+def test_ordinary_runs_beside_concurrent_fork_bombs(budget_server: BudgetServer) -> None:
+    """Four fork bombs at once while sixteen ordinary runs go on: every ordinary run is right."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=20) as pool:
+        bombs = [
+            pool.submit(
+                budget_server.run,
+                *((PYTHON_FORK_BOMB, "python") if i % 2 else (BASH_FORK_BOMB, "bash")),
+                run_timeout=2,
+            )
+            for i in range(4)
+        ]
+        time.sleep(0.5)  # the bombs are at their budget before the ordinary runs arrive
+        ordinary = [pool.submit(budget_server.run, f"print({i} + 1000)") for i in range(16)]
+        for i, future in enumerate(ordinary):
+            _assert_ordinary(future.result(), f"{i + 1000}\n")
+        for future in bombs:
+            assert future.result()["status"] in ("Failed", "Success")
+    _assert_nothing_left(budget_server)
