@@ -29,6 +29,8 @@ def _serve(args: argparse.Namespace) -> int:
                 "exec_mode": args.exec_mode,
                 "max_output_bytes": args.max_output_bytes,
                 "access_log": args.access_log or None,
+                "allowed_hosts": args.allow_host,
+                "allow_any_host": args.allow_any_host or None,
                 "faults_file": args.faults,
                 "max_in_flight": args.max_in_flight,
                 "overload": args.overload,
@@ -60,7 +62,17 @@ def _serve(args: argparse.Namespace) -> int:
         print(
             f"{bar}\nWARNING: binding {settings.host}: mocksandbox runs any program it is sent, as "
             f"this user, with no authentication.\nAnyone who can reach this address can run code "
-            f"on this machine. Bind 127.0.0.1 unless you mean it.\n{bar}",
+            f"on this machine. Bind 127.0.0.1 unless you mean it.\nRequests must name a loopback host or "
+            f"{settings.host}: add --allow-host NAME for each name or address clients use.\n{bar}",
+            file=sys.stderr,
+        )
+    if settings.allow_any_host:
+        bar = "!" * 78
+        print(
+            f"{bar}\nWARNING: --allow-any-host: requests naming any host, and requests from any web "
+            f"page, are answered.\nA page the user visits can then make this server run code "
+            f"(DNS rebinding, cross-site requests).\nUse it only behind a proxy that checks Host "
+            f"and Origin itself; prefer --allow-host NAME.\n{bar}",
             file=sys.stderr,
         )
     try:
@@ -174,6 +186,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--queue-timeout", type=float, metavar="S", help="with --overload queue: 429 after S seconds"
     )
     serve.add_argument("--no-control-api", action="store_true", help="do not serve the /_mock/ endpoints")
+    serve.add_argument(
+        "--allow-host",
+        action="append",
+        metavar="NAME",
+        help="also answer requests for this host name (repeatable; *.example.com for all under it); "
+        "others than loopback names and --host get 403",
+    )
+    serve.add_argument(
+        "--allow-any-host",
+        action="store_true",
+        help="answer any Host and Origin (only behind a proxy that checks them: web pages could run code)",
+    )
     swedev = serve.add_argument_group("swedev sessions")
     swedev.add_argument(
         "--instances",

@@ -54,6 +54,12 @@ class Settings(BaseModel):
     pydantic_docs_version: str = "2.6"
     #: Log every request line to stderr.
     access_log: bool = False
+    #: Host names (or addresses) answered beside loopback ones and ``host`` (``--allow-host``,
+    #: repeatable; ``*.example.com`` for every name under one; in the environment, ``,``-separated).
+    #: Any other ``Host`` or ``Origin`` gets 403: a web page cannot make this server run code.
+    allowed_hosts: list[str] = Field(default_factory=list)
+    #: Answer requests for any host and from any page (only behind a proxy that checks them).
+    allow_any_host: bool = False
 
     # -- the fixture framework's extras --------------------------------------------------------
     #: Serve the control endpoints under ``/_mock/`` (faults, journal, stats, reset).
@@ -115,6 +121,13 @@ class Settings(BaseModel):
     jupyter_launcher: Literal["fork", "spawn"] = "fork"
     #: Seconds a kernel may take to start before the request fails.
     jupyter_startup_timeout_s: float = Field(60.0, gt=0)
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _split_names(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
     @field_validator("instances_dirs", "datasets_dirs", mode="before")
     @classmethod

@@ -9,6 +9,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from mocksandbox.core import MockSandbox
 from mocksandbox.web import control_api, datasets_api, jupyter_api, sandbox_api, swedev_api
+from mocksandbox.web.host_guard import HostGuard, HostPolicy
 from mocksandbox.web.middleware import MockLayer
 from mocksandbox.web.responses import json_response
 from mocksandbox.web.validation import BodyParseError, RequestValidationError
@@ -29,6 +30,8 @@ def create_app(sandbox: MockSandbox) -> Flask:
         app.register_blueprint(control_api.blueprint)
     # Journal, cap and faults wrap everything, so that faulted and rejected answers are recorded.
     app.wsgi_app = MockLayer(app.wsgi_app, sandbox)  # type: ignore[method-assign]
+    # Outermost: a request for another host or from another site's page reaches nothing.
+    app.wsgi_app = HostGuard(app.wsgi_app, HostPolicy.from_settings(sandbox.settings))  # type: ignore[method-assign]
 
     @app.before_request
     def _no_implicit_head() -> None:

@@ -110,3 +110,31 @@ def test_bad_settings_are_a_clear_error(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "max_output_bytes" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def _post_as(url: str, host: str, origin: str | None = None) -> requests.Response:
+    headers = {"Host": host, **({"Origin": origin} if origin else {})}
+    return requests.post(url + "/run_code", json={"code": "print(1)", "language": "python"}, headers=headers)
+
+
+def test_serve_answers_allowed_hosts_only(serve) -> None:
+    proc, url = serve("--allow-host", "sandbox.test", "--allow-host", "*.nodes.test")
+    port = url.rsplit(":", 1)[1]
+    assert _post_as(url, f"sandbox.test:{port}").status_code == 200
+    assert _post_as(url, f"n1.nodes.test:{port}").status_code == 200
+    refused = _post_as(url, f"evil.example:{port}")
+    assert refused.status_code == 403
+    assert "--allow-host evil.example" in refused.json()["detail"]
+    assert _post_as(url, f"127.0.0.1:{port}", origin="http://evil.example").status_code == 403
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert "refused a request. Host 'evil.example:" in err  # the operator sees why
+
+
+def test_serve_allow_any_host_warns(serve) -> None:
+    proc, url = serve("--allow-any-host")
+    port = url.rsplit(":", 1)[1]
+    assert _post_as(url, f"evil.example:{port}", origin="http://evil.example").status_code == 200
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert "WARNING: --allow-any-host" in err
