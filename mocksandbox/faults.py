@@ -33,7 +33,8 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No NaN or infinity: a delay of Infinity would fail (time.sleep overflows) on every request.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class FaultMatch(_Strict):
@@ -197,7 +198,7 @@ class RequestInfo:
     def json_body(self) -> Any:
         try:
             return json.loads(self.raw_body) if self.raw_body else None
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
             return None
 
 

@@ -83,7 +83,7 @@ def parse_body(raw: bytes) -> Any:
         return None
     try:
         return json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested too deep to parse
         return raw.decode("utf-8", errors="replace")
 
 

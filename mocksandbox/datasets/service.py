@@ -27,6 +27,10 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
+def _ids(rows: list[dict[str, Any]]) -> list[Any]:
+    return [row["id"] for row in rows]
+
+
 def dataset_directories(extra: Iterable[str], include_samples: bool) -> list[Path]:
     """The sample directory (when wanted and present), then ``extra`` in order."""
     directories = [SAMPLE_DATASETS_DIR] if include_samples and SAMPLE_DATASETS_DIR.is_dir() else []
@@ -55,7 +59,7 @@ class DatasetService:
     def list_ids(self, request: GetPromptsRequest) -> list[Any]:
         self.registry.kind_for(request.dataset, request.config)
         rows = self.registry.rows(request.dataset, request.config, request.offset, request.limit, ("id",))
-        return [row["id"] for row in rows]
+        return self._uncaught(_ids, rows)  # provided_data rows need not have an id
 
     def get_prompts(self, request: GetPromptsRequest) -> list[Prompt]:
         kind = self.registry.kind_for(request.dataset, request.config)

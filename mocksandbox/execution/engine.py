@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import math
 import os
 import shlex
 import shutil
@@ -71,6 +72,15 @@ def interpreter_placeholders(python: str) -> dict[str, str]:
         python_word = shlex.quote(python)
     pytest_word = "pytest" if (bin_dir / "pytest").exists() else f"{python_word} -m pytest"
     return {"python": python_word, "pytest": pytest_word}
+
+
+def nan_timeout_result(command: str) -> CommandRunResult:
+    """What SandboxFusion's ``run_command`` answers to a NaN timeout: it fails converting the
+    timeout before it starts anything, and its handler turns that into an ``Error`` result."""
+    return CommandRunResult(
+        status=CommandRunStatus.Error,
+        stderr=f"exception on running command {command}: cannot convert float NaN to integer | None",
+    )
 
 
 class CommandRunner(Protocol):
@@ -195,18 +205,15 @@ class ExecutionEngine:
         python_file: str | None = None,
     ) -> CommandRunResult:
         command = template.format_map(placeholders)
-        try:
-            stdin_bytes = None if stdin is None else stdin.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            return CommandRunResult(
-                status=CommandRunStatus.Error, stderr=f"exception on running command {command}: {exc} | None"
-            )
+        if math.isnan(timeout):
+            return nan_timeout_result(command)
         return self.runner.run(
             CommandSpec(
                 command=command,
                 cwd=cwd,
                 env=env,
-                stdin=stdin_bytes,
+                # Lone surrogates (the only text UTF-8 cannot encode) are dropped, as SandboxFusion does.
+                stdin=None if stdin is None else stdin.encode("utf-8", "ignore"),
                 timeout=min(timeout, self.settings.max_timeout_s),
                 memory_limit_mb=memory_limit_mb,
                 python_file=python_file,

@@ -21,7 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from mocksandbox.execution.engine import fetch_files, program_environment, restore_files
+from mocksandbox.execution.engine import (
+    fetch_files,
+    nan_timeout_result,
+    program_environment,
+    restore_files,
+)
 from mocksandbox.jupyter.kernel import DeadlineExceeded, KernelDied
 from mocksandbox.jupyter.launchers import create_launcher, kernel_environment
 from mocksandbox.jupyter.models import CellRunResult, RunJupyterRequest, RunJupyterResponse
@@ -173,6 +178,12 @@ class JupyterService:
         response = RunJupyterResponse(
             status=RunStatus.Success, message="", executor_pod_name=self.settings.pod_name
         )
+        if math.isnan(request.total_timeout):
+            # SandboxFusion's driver command gets the run_timeout NaN + 10, which fails as NaN fails
+            # /run_code, before the driver starts; its handler then answers Failed with that result.
+            response.status = RunStatus.Failed
+            response.driver = nan_timeout_result("python main.py")
+            return response
         deadline = started + driver_budget(request.total_timeout, self.settings.max_timeout_s)
         workdir: str | None = None
         try:

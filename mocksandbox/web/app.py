@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import traceback
-
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
@@ -11,7 +9,7 @@ from mocksandbox.core import MockSandbox
 from mocksandbox.web import control_api, datasets_api, jupyter_api, sandbox_api, swedev_api
 from mocksandbox.web.host_guard import HostGuard, HostPolicy
 from mocksandbox.web.middleware import MockLayer
-from mocksandbox.web.responses import json_response
+from mocksandbox.web.responses import json_response, server_error_response
 from mocksandbox.web.validation import BodyParseError, RequestValidationError
 
 
@@ -71,7 +69,6 @@ def create_app(sandbox: MockSandbox) -> Flask:
         # SandboxFusion's global handler: 500 with the message and the traceback lines. The error
         # is also kept so that the test that caused it can re-raise it.
         sandbox.record_error(request.path, exc)
-        lines = "".join(traceback.format_exception(exc)).split("\n")  # format_exc().split("\n")
-        return json_response({"detail": str(exc), "traceback": lines}, status=500)
+        return server_error_response(exc)
 
     return app

@@ -23,7 +23,8 @@ blueprint = Blueprint("control_api", __name__, url_prefix="/_mock")
 class CapacityUpdate(BaseModel):
     """Body of ``PUT /_mock/capacity``: only the given fields change."""
 
-    model_config = ConfigDict(extra="forbid")
+    # No NaN or infinity (a wait of Infinity overflows); the 422 echoes them as strings.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     max_in_flight: int | None = Field(None, ge=1)
     overload: Literal["reject", "queue"] | None = None

@@ -20,7 +20,7 @@ class RequestValidationError(Exception):
 
 
 class BodyParseError(Exception):
-    """A body that is not even text (FastAPI answers 400)."""
+    """A body FastAPI cannot parse (not text, or JSON nested too deep): it answers 400."""
 
 
 def _is_json_content_type(content_type: str | None) -> bool:
@@ -57,16 +57,22 @@ def read_body(raw: bytes, content_type: str | None) -> Any:
                 }
             ]
         ) from None
-    except (UnicodeDecodeError, ValueError):
+    except Exception:
+        # FastAPI answers 400 to any other failure of ``request.json()``: bytes that are not UTF-8,
+        # an integer too long to convert, or nesting deeper than the parser's recursion limit
+        # (RecursionError; ``[`` x 1000 is past it, 100 levels are not).
         raise BodyParseError from None
 
 
 def _jsonable(value: Any) -> Any:
-    if isinstance(value, str | int | float | bool) or value is None:
+    """``value`` as JSON data: objects that are not (exceptions in ``ctx``) become their text.
+
+    Lists and dicts are kept as they are: they come from the parsed body, which is JSON data
+    already, and may be nested nearly as deep as the parser allows, too deep to copy recursively.
+    """
+    if isinstance(value, str | int | float | bool | list | dict) or value is None:
         return value
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
+    if isinstance(value, tuple):
         return [_jsonable(v) for v in value]
     return str(value)
 
@@ -98,7 +104,7 @@ def validate_body(model: type[ModelT], body: Any, docs_version: str) -> ModelT:
                 "input": _jsonable(error["input"]),
             }
             if "ctx" in error:
-                item["ctx"] = _jsonable(error["ctx"])
+                item["ctx"] = {str(k): _jsonable(v) for k, v in error["ctx"].items()}
             item["url"] = f"https://errors.pydantic.dev/{docs_version}/v/{error['type']}"
             detail.append(item)
         raise RequestValidationError(detail) from None

@@ -325,15 +325,47 @@ def test_runner_exception_becomes_a_sandbox_error(settings: Settings, tmp_root: 
     assert list(tmp_root.iterdir()) == [], "the temp dir is removed on errors too"
 
 
-def test_unencodable_stdin_is_an_error_result_without_running(settings: Settings) -> None:
+def test_lone_surrogates_are_dropped_from_stdin(settings: Settings) -> None:
+    """Contract §0.1: SandboxFusion runs the program; the surrogate never reaches its stdin."""
     runner = FakeRunner()
-    response = engine_with(settings, runner).run_code(request(code="x", language="bash", stdin="\ud800"))
-    assert runner.calls == []
-    assert response.run_result is not None and response.run_result.status == Error
-    assert response.run_result.return_code is None and response.run_result.stdout is None
-    assert response.status == RunStatus.SandboxError
-    assert response.message.startswith("exception on running command /bin/bash ")
-    assert response.message.endswith("surrogates not allowed | None")
+    response = engine_with(settings, runner).run_code(request(code="x", language="bash", stdin="a\ud800b"))
+    assert response.status == RunStatus.Success
+    assert [call.spec.stdin for call in runner.calls] == [b"ab"]
+
+
+@pytest.mark.parametrize(
+    ("language", "field", "result_key"),
+    [("python", "run_timeout", "run_result"), ("cpp", "compile_timeout", "compile_result")],
+)
+def test_nan_timeout_is_an_error_result_without_running(
+    settings: Settings, language: str, field: str, result_key: str
+) -> None:
+    """Contract §0.1: SandboxFusion fails converting a NaN timeout before it starts the command."""
+    runner = FakeRunner()
+    response = engine_with(settings, runner).run_code(
+        request(code="x", language=language, **{field: float("nan")})
+    )
+    result = getattr(response, result_key)
+    assert result is not None and result.status == Error
+    assert (result.execution_time, result.return_code, result.stdout) == (None, None, None)
+    assert result.stderr is not None
+    assert result.stderr.startswith("exception on running command ")
+    assert result.stderr.endswith(": cannot convert float NaN to integer | None")
+    assert response.status == RunStatus.SandboxError and response.message == result.stderr
+    assert runner.calls == [] or language == "cpp"  # C++ probes its link flags once; nothing else runs
+    assert not any(call.spec.command.startswith("g++ -std") for call in runner.calls)
+    if language == "cpp":
+        assert response.run_result is None
+    else:
+        assert re.fullmatch(r"exception on running command \S+ \S+/tmp\w+\.py: .*", result.stderr)
+
+
+def test_nan_compile_timeout_of_an_interpreted_language_is_ignored(settings: Settings) -> None:
+    runner = FakeRunner()
+    response = engine_with(settings, runner).run_code(
+        request(code="x", language="python", compile_timeout=float("nan"))
+    )
+    assert response.status == RunStatus.Success and len(runner.calls) == 1
 
 
 def test_pod_name_comes_from_settings(settings: Settings) -> None:
