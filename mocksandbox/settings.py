@@ -36,8 +36,8 @@ class Settings(BaseModel):
     tmp_root: str | None = None
     #: Cap per output stream. SandboxFusion returns ~210 KB complete; we drain and keep this much.
     max_output_bytes: int = Field(8 * 1024 * 1024, ge=1024)
-    #: Upper bound on any run or compile timeout, in seconds (SandboxFusion has none; NaN or
-    #: infinity there means "no limit", which a shared server cannot afford).
+    #: Upper bound on any run or compile timeout, in seconds (SandboxFusion has none; an infinite
+    #: timeout there means "no limit", which a shared server cannot afford).
     max_timeout_s: float = Field(3600.0, gt=0)
     #: ``fork``: Python programs run in a forked warm interpreter (no start-up cost); ``spawn``:
     #: every program is a new process, as in SandboxFusion. Fork falls back to spawn where it must.
