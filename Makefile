@@ -6,6 +6,8 @@ BIN    := $(VENV)/bin
 HOST   ?= 127.0.0.1
 PORT   ?= 8080
 PYTEST_ARGS ?=
+# Test-only packages (verl's client files), apart from the serve environment.
+TEST_VENDOR := $(VENV)/test-vendor
 
 .PHONY: serve test test-fast lint typecheck bench clean
 
@@ -22,7 +24,11 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev,jupyter,ray,stress,docker]'
 	# verl's SandboxFusion client, for the compatibility tests: only its pure-Python files (its
 	# full dependency set is torch and friends), loaded by path by tests/server/test_client_compat.py.
-	$(BIN)/python -m pip install --quiet --no-deps 'verl==0.9.1'
+	# It goes into a directory of its own, not into the venv, so that pip never checks (and
+	# complains about) verl's dependencies when `make serve` installs; an older venv's copy goes.
+	$(BIN)/python -m pip uninstall --quiet --yes verl 2>/dev/null || true
+	rm -rf $(TEST_VENDOR)
+	$(BIN)/python -m pip install --quiet --no-deps --target $(TEST_VENDOR) 'verl==0.9.1'
 	touch $@
 
 serve: $(VENV)/.installed-serve

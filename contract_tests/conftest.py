@@ -67,6 +67,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "mock_only: about the mock's extras; skipped against other targets")
     config.addinivalue_line("markers", "needs_endpoint(path): skipped when the target lacks this endpoint")
     config.addinivalue_line("markers", "needs_language(name): skipped when the target cannot run it")
+    config.addinivalue_line(
+        "markers", "needs_jupyter_kernel: skipped when the target's /run_jupyter has no kernel side installed"
+    )
 
 
 def _start_mock() -> tuple[subprocess.Popen[str], str]:
@@ -113,7 +116,9 @@ def target(pytestconfig: pytest.Config) -> Iterator[Target]:
 def _capabilities(request: pytest.FixtureRequest) -> None:
     """Skip, with the reason, what the target cannot do."""
     markers = list(request.node.iter_markers())
-    if not any(m.name in ("mock_only", "needs_endpoint", "needs_language") for m in markers):
+    if not any(
+        m.name in ("mock_only", "needs_endpoint", "needs_language", "needs_jupyter_kernel") for m in markers
+    ):
         return
     target: Target = request.getfixturevalue("target")
     for marker in markers:
@@ -128,6 +133,10 @@ def _capabilities(request: pytest.FixtureRequest) -> None:
             reason = target.cannot_run(language)
             if reason:
                 pytest.skip(f"the target cannot run {language}: {reason}")
+        if marker.name == "needs_jupyter_kernel" and target.has_endpoint("/run_jupyter"):
+            reason = target.cannot_run_jupyter()
+            if reason:
+                pytest.skip(f"/run_jupyter: {reason}")
 
 
 def _area(nodeid: str) -> str:

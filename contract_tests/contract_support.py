@@ -48,6 +48,11 @@ HELLO: dict[str, str] = {
 HELLO_OUTPUT: dict[str, str] = {"pytest": "1 passed"}
 
 
+#: What a /run_jupyter answer says when the target has no kernel side installed (the mock without
+#: its `jupyter` extra names the extra; other servers name the module they could not import).
+MISSING_KERNEL_MARKS = ("mocksandbox[jupyter]", "No module named", "jupyter_client", "ipykernel")
+
+
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
@@ -117,6 +122,32 @@ class Target:
                 reply = self.session.request(method, self.url + path, json=None, timeout=60)
                 self._endpoints[path] = reply.status_code != 404
             return self._endpoints[path]
+
+    def cannot_run_jupyter(self) -> str | None:
+        """``None`` when ``/run_jupyter`` runs a cell, else why not: only a target that says its kernel
+        side is not installed (a SandboxError or 500 naming a missing module) is reported; any other
+        failure is left to the tests, which then fail."""
+        with self._lock:
+            if "jupyter" not in self._languages:
+                self._languages["jupyter"] = self._probe_jupyter()
+            return self._languages["jupyter"]
+
+    def _probe_jupyter(self) -> str | None:
+        reply = self.post("/run_jupyter", {"cells": ["1"]}, timeout=180)
+        try:
+            body = reply.json()
+        except ValueError:
+            body = None
+        if reply.status_code == 200 and isinstance(body, dict) and body.get("status") == "Success":
+            return None
+        if isinstance(body, dict):
+            message = str(body.get("message") or body.get("detail") or "")
+        else:
+            message = reply.text
+        if any(mark in message for mark in MISSING_KERNEL_MARKS):
+            first = message.strip().splitlines()[0] if message.strip() else ""
+            return f"its kernel side is not installed: {first[:200]}"
+        return None
 
     def cannot_run(self, language: str) -> str | None:
         """``None`` when a hello world in ``language`` prints "hello", else why not."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from contract_support import Target, b64, check_command_result, check_validation_error
 
+# Running cells needs the target's kernel side (the mock's `jupyter` extra); its 422s do not.
 pytestmark = pytest.mark.needs_endpoint("/run_jupyter")
 
 CELL_KEYS = ["stdout", "stderr", "display", "error"]
@@ -24,6 +25,7 @@ def run_jupyter(target: Target, **body: object) -> dict:
     return answer
 
 
+@pytest.mark.needs_jupyter_kernel
 def test_cells_run_in_order_in_one_kernel(target: Target) -> None:
     answer = run_jupyter(target, cells=["x = 2", "x * 21", 'print("hi")'])
     assert answer["status"] == "Success" and answer["message"] == ""
@@ -35,6 +37,7 @@ def test_cells_run_in_order_in_one_kernel(target: Target) -> None:
     assert third["stdout"] == "hi\n"
 
 
+@pytest.mark.needs_jupyter_kernel
 def test_a_raising_cell_is_still_success(target: Target) -> None:
     answer = run_jupyter(target, cells=['raise RuntimeError("error message")', "1 + 1"])
     assert answer["status"] == "Success"
@@ -43,12 +46,14 @@ def test_a_raising_cell_is_still_success(target: Target) -> None:
     assert isinstance(error["traceback"], list) and all(isinstance(line, str) for line in error["traceback"])
 
 
+@pytest.mark.needs_jupyter_kernel
 def test_each_request_gets_a_fresh_namespace(target: Target) -> None:
     run_jupyter(target, cells=["leftover = 1"])
     answer = run_jupyter(target, cells=["leftover"])
     assert answer["cells"][0]["error"][0]["ename"] == "NameError"
 
 
+@pytest.mark.needs_jupyter_kernel
 def test_files_and_fetch_files(target: Target) -> None:
     answer = run_jupyter(
         target,
@@ -69,6 +74,7 @@ def test_missing_cells(target: Target) -> None:
     check_validation_error(target.post("/run_jupyter", {}), [("missing", ["body", "cells"])])
 
 
+@pytest.mark.needs_jupyter_kernel
 def test_total_timeout_fails_with_no_cells(target: Target) -> None:
     # SandboxFusion gives the driver total_timeout + 10 s; -9.5 makes that half a second.
     answer = run_jupyter(target, cells=["import time; time.sleep(30)"], total_timeout=-9.5)

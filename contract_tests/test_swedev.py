@@ -20,7 +20,10 @@ def instance_hash(target: Target) -> str:
     if given:
         return given
     if target.is_mock():
-        return str(target.get("/_mock/instances").json()["instances"][0]["instance_hash"])
+        instances = target.get("/_mock/instances").json()["instances"]
+        if not instances:
+            pytest.skip("the mock has no swedev instances loaded (serve it with --instances DIR)")
+        return str(instances[0]["instance_hash"])
     pytest.skip("no instance known on this target: set CONTRACT_SWEDEV_INSTANCE_HASH")
 
 
@@ -60,3 +63,14 @@ def test_unknown_session_is_a_client_error(target: Target) -> None:
     if reply.status_code == 200:
         pytest.skip("the target answers an unknown session with 200 (verl treats any answer alike)")
     assert 400 <= reply.status_code < 500, reply.text[:300]
+
+
+@pytest.mark.mock_only
+def test_the_mock_also_starts_by_instance_id(target: Target, instance_hash: str) -> None:
+    listed = target.get("/_mock/instances").json()["instances"]
+    instance_id = next(i["instance_id"] for i in listed if i["instance_hash"] == instance_hash)
+    reply = target.post("/start_instance", {"instance_id": instance_id}, timeout=600)
+    assert reply.status_code == 200, reply.text[:300]
+    target.post("/postprocess", {"sid": reply.json()["sid"]}, timeout=600)
+    both = target.post("/start_instance", {"instance_id": instance_id, "instance_hash": instance_hash})
+    assert both.status_code == 422 and both.json()["detail"][0]["loc"] == ["body"]

@@ -75,6 +75,11 @@ def _serve(args: argparse.Namespace) -> int:
             f"and Origin itself; prefer --allow-host NAME.\n{bar}",
             file=sys.stderr,
         )
+    if settings.jupyter_prewarm:
+        jupyter_missing = _jupyter_missing(settings.python)
+        if jupyter_missing:
+            print(f"mocksandbox: --jupyter-prewarm: {jupyter_missing}", file=sys.stderr)
+            return 2
     try:
         sandbox = MockSandbox.create(settings)
     except (FaultError, SessionError) as exc:
@@ -84,6 +89,12 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"mocksandbox: cannot set up execution: {exc}", file=sys.stderr)
         return 2
     except DatasetLoadError as exc:
+        print(f"mocksandbox: {exc}", file=sys.stderr)
+        return 2
+    try:
+        backend = sandbox.sessions.check_backend()  # --swedev-backend: can the tests run there?
+    except SessionError as exc:
+        sandbox.close()
         print(f"mocksandbox: {exc}", file=sys.stderr)
         return 2
     try:
@@ -104,28 +115,35 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"  faults: {len(sandbox.faults.rules())} rule(s) active", flush=True)
     print(f"  control API: {'/_mock/' if settings.control_api else 'off'}", flush=True)
     print(f"  datasets: {', '.join(sandbox.datasets.list_datasets())}", flush=True)
-    print(
-        f"  jupyter: {settings.jupyter_pool_size} warm kernel(s) ({settings.jupyter_launcher}), "
-        f"{'filling now' if settings.jupyter_prewarm else 'started at the first /run_jupyter'}",
-        flush=True,
-    )
+    jupyter_missing = _jupyter_missing(settings.python)
+    if jupyter_missing:
+        print(f"  jupyter: off, {jupyter_missing}", flush=True)
+    else:
+        print(
+            f"  jupyter: {settings.jupyter_pool_size} warm kernel(s) ({settings.jupyter_launcher}), "
+            f"{'filling now' if settings.jupyter_prewarm else 'started at the first /run_jupyter'}",
+            flush=True,
+        )
     sessions = sandbox.sessions
     state = sessions.state_dir or "a temporary dir (--state-dir DIR keeps sessions across restarts)"
     print(
         f"  swedev: {len(sessions.registry)} instance(s), state in {state}, runs {sessions.executor.name}",
         flush=True,
     )
+    if backend is not None:
+        print(f"  swedev backend: tests run with {backend.describe()}", flush=True)
     try:
         print(f"  swedev isolation: {sessions.isolation()[1]}", flush=True)
     except SessionError as exc:
         sandbox.close()
         print(f"mocksandbox: {exc}", file=sys.stderr)
         return 2
-    print("  press Ctrl-C to stop", flush=True)
-    # Stop the same clean way on Ctrl-C and on SIGTERM (and even when started with SIGINT ignored).
+    # Stop the same clean way on Ctrl-C and on SIGTERM (and even when started with SIGINT ignored),
+    # also when the signal comes right after the banner's last line.
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
+        print("  press Ctrl-C to stop", flush=True)
         server.serve_forever()  # werkzeug's returns quietly on KeyboardInterrupt
     except KeyboardInterrupt:
         pass
@@ -134,6 +152,12 @@ def _serve(args: argparse.Namespace) -> int:
         server.server_close()
         sandbox.close()
     return 0
+
+
+def _jupyter_missing(python: str) -> str | None:
+    from mocksandbox.extras import jupyter_missing
+
+    return jupyter_missing(python)
 
 
 #: Modules that add a subcommand with ``register(subparsers)``; absent ones are skipped.
@@ -253,8 +277,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mocksandbox`` console script."""
+    from mocksandbox.extras import MissingExtraError, missing_extra_message
+
     args = build_parser().parse_args(argv)
-    return int(args.handler(args))
+    what = f"'mocksandbox {args.command}'"
+    try:
+        return int(args.handler(args))
+    except MissingExtraError as exc:
+        print(f"mocksandbox: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        # An optional module imported deep inside a command: one line naming the extra, not a
+        # traceback. Other missing modules are real errors and keep theirs.
+        message = missing_extra_message(what, exc)
+        if message is None:
+            raise
+        print(f"mocksandbox: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

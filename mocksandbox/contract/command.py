@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mocksandbox.extras import require
+
 #: Exit code when --docker was asked for but no Docker engine is reachable.
 EXIT_NO_DOCKER = 3
 
@@ -53,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
             )
             return 2
         return _differential(args.url, args.reference_url, args.generated)
+    # The suite runs under pytest with hypothesis (the `contract` extra); --docker needs the SDK
+    # (checked where the client is made).
+    require("'mocksandbox contract'", "pytest", "hypothesis")
     if args.docker:
         from mocksandbox.contract.docker_launcher import NoDockerEngine, running_image
 

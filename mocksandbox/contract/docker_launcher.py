@@ -13,6 +13,8 @@ from typing import Any
 
 import requests
 
+from mocksandbox.extras import MissingExtraError, require
+
 DEFAULT_IMAGE = "volcengine/sandbox-fusion:server-20241204"
 CONTAINER_PORT = 8080
 
@@ -22,6 +24,7 @@ class NoDockerEngine(RuntimeError):
 
 
 def default_client_factory() -> Any:
+    require("'mocksandbox contract --docker'", "docker")  # one line naming the extra, not a skip
     import docker  # type: ignore[import-untyped]  # optional extra: mocksandbox[docker]
 
     return docker.from_env()
@@ -39,6 +42,8 @@ def running_image(
     try:
         client = client_factory()
         client.ping()
+    except MissingExtraError:
+        raise
     except Exception as exc:  # docker raises DockerException, or ImportError without the extra
         raise NoDockerEngine(f"no Docker engine is reachable: {exc}") from None
     container = client.containers.run(

@@ -13,8 +13,10 @@
 """
 
 from mocksandbox.sessions.errors import (
+    BackendError,
     InstanceError,
     IsolationError,
+    ScoringError,
     SessionEndedError,
     SessionError,
     SessionLimitError,
@@ -26,10 +28,12 @@ from mocksandbox.sessions.instances import Instance, InstanceRegistry, instance_
 from mocksandbox.sessions.manager import SessionConfig, SessionManager
 
 __all__ = [
+    "BackendError",
     "Instance",
     "InstanceError",
     "InstanceRegistry",
     "IsolationError",
+    "ScoringError",
     "SessionConfig",
     "SessionEndedError",
     "SessionError",

@@ -33,3 +33,14 @@ class StateDirError(SessionError):
 
 class IsolationError(SessionError):
     """``session_isolation = "namespace"`` was asked for and this host cannot provide it."""
+
+
+class BackendError(SessionError):
+    """``--swedev-backend URL`` cannot run the tests: it does not answer its ping, or the chosen
+    interpreter, or that interpreter's pytest, does not run there. The text is one line."""
+
+
+class ScoringError(SessionError):
+    """A scoring run whose tests could not run at all (HTTP 500): no FAIL_TO_PASS or PASS_TO_PASS
+    test reported a result, and not because of the model's patch (pytest missing, a sandbox failure,
+    tests that cannot be collected even at the base state)."""

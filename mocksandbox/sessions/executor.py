@@ -12,8 +12,10 @@ from __future__ import annotations
 import base64
 import io
 import os
+import re
 import shlex
 import tarfile
+import tempfile
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,6 +27,7 @@ import requests
 from mocksandbox.execution.engine import CommandRunner
 from mocksandbox.execution.process import CommandSpec
 from mocksandbox.models import CommandRunStatus
+from mocksandbox.sessions.errors import BackendError
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,26 @@ _REMOTE_HEADROOM_S = 30.0
 _CHANGES = "__mocksandbox_changes.tgz"
 _LISTING = "__mocksandbox_files.txt"
 _STATUS = "__mocksandbox_status.txt"
+#: Seconds each start-up probe of a backend may take (the ping; the interpreter and pytest check).
+PROBE_TIMEOUT_S = 30.0
+#: What to suggest when the backend's interpreter cannot run the tests (SandboxFusion's image).
+_RUNTIME_PYTHON_HINT = (
+    "point --swedev-backend-python at the interpreter of its sandbox runtime, "
+    "e.g. /root/miniconda3/envs/sandbox-runtime/bin/python"
+)
+
+
+@dataclass(frozen=True)
+class BackendProbe:
+    """What :meth:`RemoteExecutor.probe` found: the backend answers, and runs pytest with ``python``."""
+
+    url: str
+    python: str
+    python_version: str
+    pytest_version: str
+
+    def describe(self) -> str:
+        return f"{self.python} (Python {self.python_version}, {self.pytest_version})"
 
 
 class RemoteExecutor:
@@ -94,10 +117,77 @@ class RemoteExecutor:
         self.name = f"remote {self.url}"
         self.python = python
         self.http_timeout_extra_s = http_timeout_extra_s
+        self.base_url = self.url[: -len("/run_code")]
         self._http = requests.Session()
         self._http.trust_env = False  # never route the sandbox's traffic through a proxy
 
+    def probe(self, timeout: float = PROBE_TIMEOUT_S) -> BackendProbe:
+        """Check, before any session, that the backend can run the tests: ``GET /v1/ping`` answers
+        ``"pong"``, then (through ``/run_code``, as every command goes) ``python`` runs there and
+        ``python -m pytest --version`` works. Each request takes at most ``timeout`` seconds.
+        Raises :class:`BackendError` with one line saying what failed and what to do."""
+        where = f"--swedev-backend {self.base_url}"
+        ping = f"{self.base_url}/v1/ping"
+        try:
+            response = self._http.get(ping, timeout=timeout)
+        except requests.RequestException as exc:
+            raise BackendError(
+                f"{where}: GET {ping} failed ({_short_error(exc, timeout)}); start SandboxFusion there "
+                "or fix the URL"
+            ) from None
+        if response.status_code != 200 or response.text.strip().strip('"') != "pong":
+            raise BackendError(
+                f"{where}: GET {ping} answered {response.status_code} {_one_line(response.text, 80)!r}, "
+                'not "pong"; give the base URL of a SandboxFusion (the one that serves /run_code)'
+            )
+        py = shlex.quote(self.python)
+        script = (
+            "exec 2>&1\n"
+            f"{py} -c 'import sys; print(\"__ms_probe python\", sys.version.split()[0])' "
+            "|| { echo '__ms_probe failed'; exit 0; }\n"
+            f"{py} -m pytest --version || {{ echo '__ms_probe failed'; exit 0; }}\n"
+            "echo '__ms_probe ok'\n"
+        )
+        env = {"PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+        with tempfile.TemporaryDirectory(prefix="mocksandbox-probe-") as scratch:
+            root = Path(scratch)
+            ran = self._run(root, script, root, timeout / 2, env, headroom=timeout / 4, http_timeout=timeout)
+        if ran.error:
+            raise BackendError(
+                f"{where}: a bash run on {self.url} failed ({_one_line(ran.error, 300)}); the backend must "
+                "run bash with files and fetch_files, as SandboxFusion's /run_code does"
+            )
+        if ran.timed_out:
+            raise BackendError(
+                f"{where}: running {self.python} there took more than {timeout / 2:g} s; check the backend"
+            )
+        lines = [line.strip() for line in ran.output.splitlines() if line.strip()]
+        version = next((ln.split()[2] for ln in lines if ln.startswith("__ms_probe python ")), None)
+        said = [ln for ln in lines if not ln.startswith("__ms_probe")]
+        reason = _reason(said[-1] if said else f"exit code {ran.exit_code}, no output")
+        if version is None:
+            raise BackendError(
+                f"{where}: {self.python} does not run there ({reason}); {_RUNTIME_PYTHON_HINT}"
+            )
+        pytest_version = next((ln for ln in said if re.match(r"pytest \d", ln)), None)
+        if "__ms_probe ok" not in lines or pytest_version is None:
+            what = "has no pytest" if "No module named pytest" in reason else "cannot run pytest"
+            raise BackendError(f"{where}: {self.python} there {what} ({reason}); {_RUNTIME_PYTHON_HINT}")
+        return BackendProbe(self.base_url, self.python, version, pytest_version)
+
     def run(self, root: Path, script: str, cwd: Path, timeout: float, env: Mapping[str, str]) -> ExecResult:
+        return self._run(root, script, cwd, timeout, env)
+
+    def _run(
+        self,
+        root: Path,
+        script: str,
+        cwd: Path,
+        timeout: float,
+        env: Mapping[str, str],
+        headroom: float = _REMOTE_HEADROOM_S,
+        http_timeout: float | None = None,
+    ) -> ExecResult:
         remote_root = f"/tmp/mocksandbox-remote-{uuid.uuid4().hex[:16]}"
         local_root = str(root)
 
@@ -137,14 +227,14 @@ exit $__ms_rc
         body = {
             "code": wrapper,
             "language": "bash",
-            "run_timeout": timeout + _REMOTE_HEADROOM_S,
+            "run_timeout": timeout + headroom,
             "files": sent,
             "fetch_files": [_CHANGES, _LISTING, _STATUS],
         }
+        if http_timeout is None:
+            http_timeout = timeout + headroom + self.http_timeout_extra_s
         try:
-            response = self._http.post(
-                self.url, json=body, timeout=timeout + _REMOTE_HEADROOM_S + self.http_timeout_extra_s
-            )
+            response = self._http.post(self.url, json=body, timeout=http_timeout)
             response.raise_for_status()
             answer = response.json()
         except (requests.RequestException, ValueError) as exc:
@@ -162,6 +252,27 @@ exit $__ms_rc
         if status == _TIMEOUT_STATUS:
             return ExecResult(output, None, timed_out=True)
         return ExecResult(output, status)
+
+
+def _one_line(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _short_error(exc: requests.RequestException, timeout: float) -> str:
+    """The cause of a failed request in a few words (requests' own text nests three exceptions)."""
+    if isinstance(exc, requests.Timeout):
+        return f"no answer within {timeout:g} s"
+    errno = re.search(r"\[Errno -?\d+\] [^'\")]+", str(exc))
+    return errno.group(0).strip() if errno else _one_line(str(exc), 200)
+
+
+def _reason(line: str) -> str:
+    """The telling part of a shell's or Python's last line: ``No module named pytest``, ``python3:
+    command not found`` (without the ``/bin/bash: line 2:`` before it)."""
+    if "No module named pytest" in line:
+        return "No module named pytest"
+    return _one_line(re.sub(r"^\S*bash: line \d+: ", "", line), 200)
 
 
 def _quote_env(value: str) -> str:

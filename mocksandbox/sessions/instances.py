@@ -37,8 +37,9 @@ from mocksandbox.sessions.gitops import build_base_repo, head_commit, tree_finge
 
 log = logging.getLogger(__name__)
 
-#: Where the instances shipped with the project live (present in a source checkout, not in a wheel).
-SHIPPED_INSTANCES_DIR = Path(__file__).resolve().parents[2] / "fixtures" / "swedev"
+#: The four sample instances shipped in the package (``samples`` is a link to ``fixtures/swedev`` in
+#: a checkout; the wheel and the sdist hold the files themselves).
+SHIPPED_INSTANCES_DIR = Path(__file__).resolve().parent / "samples"
 _REQUIRED = ("instance_id", "repo", "version", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
 
 
@@ -256,7 +257,10 @@ class InstanceRegistry:
         try:
             return self._by_id[instance_id]
         except KeyError:
-            raise UnknownInstanceError(f"unknown instance_id {instance_id!r}") from None
+            raise UnknownInstanceError(
+                f"unknown instance_id {instance_id!r}: no loaded instance has it ({len(self._by_id)} "
+                "instance(s) loaded; GET /_mock/instances lists them)"
+            ) from None
 
     def find(self, key: int | str) -> Instance:
         """The instance for an ``instance_hash`` sent as an int or a decimal string. As a convenience

@@ -37,12 +37,20 @@ from mocksandbox.sessions.actions import (
 )
 from mocksandbox.sessions.editor import Editor
 from mocksandbox.sessions.errors import (
+    ScoringError,
     SessionEndedError,
     SessionLimitError,
     StateDirError,
     UnknownSessionError,
 )
-from mocksandbox.sessions.executor import ExecResult, LocalExecutor, RemoteExecutor, SessionExecutor
+from mocksandbox.sessions.executor import (
+    PROBE_TIMEOUT_S,
+    BackendProbe,
+    ExecResult,
+    LocalExecutor,
+    RemoteExecutor,
+    SessionExecutor,
+)
 from mocksandbox.sessions.gitops import GitError, apply_patch, collect_patch, copy_repo
 from mocksandbox.sessions.instances import Instance, InstanceRegistry
 from mocksandbox.sessions.isolation import MOUNT_POINT, Isolation, IsolationSetting, choose_isolation
@@ -133,6 +141,8 @@ class SessionManager:
         self._stop = threading.Event()
         self._reaper: threading.Thread | None = None
         self._isolation: tuple[Isolation, str] | None = None
+        #: Instances whose tests were seen to report results here (see ``score``'s ``tests_known_to_run``).
+        self._tests_run: set[str] = set()
 
     @classmethod
     def create(
@@ -370,20 +380,36 @@ class SessionManager:
         assert self._state_dir is not None
         base, sha = self.registry.base_repo(instance, self._state_dir / "bases")
         python = self.config.backend_python if self.config.backend else self.config.python
-        result = score(
-            instance,
-            base,
-            sha,
-            patch,
-            self.executor,
-            self._state_dir / "scratch",
-            python,
-            self._env(instance, None),
-            min(self.config.reward_timeout_s, self.config.max_timeout_s),
-            self.config.reward_mode,
-        )
+        try:
+            result = score(
+                instance,
+                base,
+                sha,
+                patch,
+                self.executor,
+                self._state_dir / "scratch",
+                python,
+                self._env(instance, None),
+                min(self.config.reward_timeout_s, self.config.max_timeout_s),
+                self.config.reward_mode,
+                tests_known_to_run=instance.instance_id in self._tests_run,
+            )
+        except ScoringError as exc:
+            # Not cached: the next call scores again (once the environment is fixed, it succeeds).
+            log.error("scoring session %s failed: %s", key, exc)
+            raise ScoringError(f"session {key}: {exc}") from None
+        if any(status != "MISSING" for status in result.tests.values()):
+            self._tests_run.add(instance.instance_id)
         store.update(key, result=json.dumps(result.to_json()), result_for=fingerprint)
         return result
+
+    def check_backend(self, timeout: float = PROBE_TIMEOUT_S) -> BackendProbe | None:
+        """With ``--swedev-backend``: check that it answers and runs pytest with the configured
+        interpreter (raises :class:`~mocksandbox.sessions.errors.BackendError` with one line saying
+        what failed and what to do). ``None`` when commands run here."""
+        if isinstance(self.executor, RemoteExecutor):
+            return self.executor.probe(timeout)
+        return None
 
     # -- expiry, listing, reset -----------------------------------------------------------------
 

@@ -11,6 +11,12 @@
 ``reward`` is the fraction of ``FAIL_TO_PASS`` tests that pass (``reward_mode = "f2p"``, the default,
 which is what verl's client computes when only the counts are sent), or ``resolved`` as 0/1
 (``reward_mode = "resolved"``): every F2P and every P2P test passes.
+
+A run in which no test reports a result at all is not scored 0 silently. If the model's patch is
+to blame (the same tests do report results at the base state: a syntax error, an import it broke,
+a hang), it is a 0 as SWE-bench gives; otherwise (pytest missing, the sandbox failing, tests that
+cannot be collected even without the patch) scoring raises :class:`ScoringError`, quoting the end
+of the test output.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from mocksandbox.sessions.executor import SessionExecutor
+from mocksandbox.sessions.errors import ScoringError
+from mocksandbox.sessions.executor import ExecResult, SessionExecutor
 from mocksandbox.sessions.gitops import (
     apply_patch,
     changed_paths,
@@ -36,6 +43,8 @@ from mocksandbox.sessions.instances import Instance
 
 RewardMode = Literal["f2p", "resolved"]
 _PASSING = ("PASSED", "XFAIL")
+#: How much of the test output a :class:`ScoringError` quotes (its last lines).
+_TAIL_LINES, _TAIL_CHARS = 15, 1500
 #: ``STATUS test-id[ - message]``; a parametrized id may hold spaces inside its brackets.
 _SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED) ((?:\[[^\]]*\]|[^\s\[])+)(?: - .*)?$")
 
@@ -100,8 +109,12 @@ def score(
     env: Mapping[str, str],
     timeout: float,
     mode: RewardMode = "f2p",
+    tests_known_to_run: bool = False,
 ) -> RewardResult:
-    """Score ``patch`` (the model's ``git diff`` against the base; ``None`` if none was taken)."""
+    """Score ``patch`` (the model's ``git diff`` against the base; ``None`` if none was taken).
+
+    ``tests_known_to_run``: this instance's tests were seen to report results here before, so a
+    run in which none does is the patch's doing (no check at the base state is made)."""
     f2p, p2p = list(instance.fail_to_pass), list(instance.pass_to_pass)
     patch_exists = bool(patch and patch.strip())
     result = RewardResult(
@@ -115,44 +128,120 @@ def score(
         patch_exists=patch_exists,
         patch_successfully_applied=False,
     )
+    kept = ""
+    if patch_exists:
+        assert patch is not None
+        kept, result.ignored_paths = without_paths(patch, set(changed_paths(instance.test_patch)))
     root = scratch_root / f"score-{uuid.uuid4().hex[:12]}"
-    repo = root / "repo"
     root.mkdir(parents=True)
     try:
-        copy_repo(base_repo, repo)
-        test_files = set(changed_paths(instance.test_patch))
-        if patch_exists:
-            assert patch is not None
-            kept, ignored = without_paths(patch, test_files)
-            result.ignored_paths = ignored
-            if kept.strip():
-                applied = apply_patch(repo, kept, ceiling=root)
-                result.log += f"$ git apply <model patch>\n{applied.output}\n"
-                if not applied.ok:
-                    return result
+        if kept.strip():
+            applied = apply_patch(_checkout(instance, base_repo, root), kept, ceiling=root)
+            result.log += f"$ git apply <model patch>\n{applied.output}\n"
+            if not applied.ok:
+                return result
         result.patch_successfully_applied = patch_exists
-        # As SWE-bench's eval script does: test files back to the base, then the test patch.
-        restore_paths(repo, base_sha, test_files, ceiling=root)
-        applied = apply_patch(repo, instance.test_patch, ceiling=root)
-        if not applied.ok:
-            raise RuntimeError(
-                f"instance {instance.instance_id}: its test_patch does not apply: {applied.output}"
-            )
-        ran = executor.run(root, pytest_script(python, f2p + p2p), repo, timeout, env)
-        result.log += ran.output
-        if ran.error:
-            result.log += f"\n[sandbox error: {ran.error}]"
-        if ran.timed_out:
-            result.log += f"\n[the tests timed out after {timeout:g} s]"
-        statuses = parse_pytest_summary(ran.output)
-        result.tests = {test: statuses.get(test, "MISSING") for test in f2p + p2p}
-        result.f2p_count = sum(statuses.get(t) in _PASSING for t in f2p)
-        result.p2p_count = sum(statuses.get(t) in _PASSING for t in p2p)
-        result.resolved = result.f2p_count == len(f2p) and result.p2p_count == len(p2p)
-        if mode == "resolved":
-            result.reward = 1.0 if result.resolved else 0.0
-        else:
-            result.reward = result.f2p_count / len(f2p) if f2p else float(result.resolved)
-        return result
+        ran = _run_tests(instance, base_repo, base_sha, executor, root, python, env, timeout)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    result.log += ran.output
+    if ran.error:
+        result.log += f"\n[sandbox error: {ran.error}]"
+    if ran.timed_out:
+        result.log += f"\n[the tests timed out after {timeout:g} s]"
+    statuses = parse_pytest_summary(ran.output)
+    tests = f2p + p2p
+    if tests and not any(test in statuses for test in tests):
+        # Nothing ran. The environment's fault (an error), or the patch's (a legitimate 0)?
+        cause = _environment_cause(ran, python)
+        if cause is None and not kept.strip():
+            cause = _base_cause(ran, timeout)  # this run was the base state already
+        if cause is None and not tests_known_to_run:
+            base_root = scratch_root / f"score-{uuid.uuid4().hex[:12]}-base"
+            base_root.mkdir(parents=True)
+            try:
+                base_ran = _run_tests(
+                    instance, base_repo, base_sha, executor, base_root, python, env, timeout
+                )
+            finally:
+                shutil.rmtree(base_root, ignore_errors=True)
+            base_statuses = parse_pytest_summary(base_ran.output)
+            if not any(test in base_statuses for test in tests):
+                ran = base_ran
+                cause = _environment_cause(base_ran, python) or _base_cause(base_ran, timeout)
+            else:
+                result.log += "\n[no test reported a result with the patch; they do at the base state]"
+        if cause is not None:
+            raise ScoringError(
+                f"instance {instance.instance_id}: cannot score: none of its {len(f2p)} FAIL_TO_PASS and "
+                f"{len(p2p)} PASS_TO_PASS tests reported a result: {cause}. The test output ends: "
+                f"{_tail(ran.output)}"
+            )
+    result.tests = {test: statuses.get(test, "MISSING") for test in tests}
+    result.f2p_count = sum(statuses.get(t) in _PASSING for t in f2p)
+    result.p2p_count = sum(statuses.get(t) in _PASSING for t in p2p)
+    result.resolved = result.f2p_count == len(f2p) and result.p2p_count == len(p2p)
+    if mode == "resolved":
+        result.reward = 1.0 if result.resolved else 0.0
+    else:
+        result.reward = result.f2p_count / len(f2p) if f2p else float(result.resolved)
+    return result
+
+
+def _checkout(instance: Instance, base_repo: Path, root: Path) -> Path:
+    """A clean checkout of the base state at ``root/repo`` (made once)."""
+    repo = root / "repo"
+    if not repo.exists():
+        copy_repo(base_repo, repo)
+    return repo
+
+
+def _run_tests(
+    instance: Instance,
+    base_repo: Path,
+    base_sha: str,
+    executor: SessionExecutor,
+    root: Path,
+    python: str,
+    env: Mapping[str, str],
+    timeout: float,
+) -> ExecResult:
+    """In ``root/repo`` (a base checkout is made if there is none): the test files back to the base
+    and the test patch on top (as SWE-bench's eval script does), then F2P + P2P under pytest."""
+    repo = _checkout(instance, base_repo, root)
+    restore_paths(repo, base_sha, set(changed_paths(instance.test_patch)), ceiling=root)
+    applied = apply_patch(repo, instance.test_patch, ceiling=root)
+    if not applied.ok:
+        raise RuntimeError(
+            f"instance {instance.instance_id}: its test_patch does not apply: {applied.output}"
+        )
+    tests = list(instance.fail_to_pass) + list(instance.pass_to_pass)
+    return executor.run(root, pytest_script(python, tests), repo, timeout, env)
+
+
+def _environment_cause(ran: ExecResult, python: str) -> str | None:
+    """Why no test could run whatever the patch, when the output shows it (else ``None``)."""
+    if ran.error:
+        return f"the sandbox failed ({ran.error.strip()})"
+    if "No module named pytest" in ran.output:
+        return (
+            f"{python} has no pytest (No module named pytest); install pytest for it, or point --python "
+            "(--swedev-backend-python with a backend) at an interpreter that has it"
+        )
+    return None
+
+
+def _base_cause(ran: ExecResult, timeout: float) -> str:
+    """Why no test reported a result at the base state (without the model's patch)."""
+    if ran.timed_out:
+        return f"the tests timed out after {timeout:g} s without the model's patch (reward_timeout_s)"
+    if re.search(r"^(_+ )?ERROR collecting |errors? during collection", ran.output, re.MULTILINE):
+        return "the tests could not be collected, even without the model's patch"
+    return f"pytest exited {ran.exit_code} without a result for them, even without the model's patch"
+
+
+def _tail(output: str) -> str:
+    """The last lines of the test output, as one quoted string."""
+    lines = [line for line in output.rstrip().splitlines() if line.strip()][-_TAIL_LINES:]
+    text = "\n".join(lines)[-_TAIL_CHARS:]
+    return repr(text) if text else "(no output)"

@@ -91,6 +91,16 @@ def register(subparsers: Any) -> None:
 
 
 def _stress(args: argparse.Namespace) -> int:
+    from mocksandbox.extras import require
+
+    # Checked before the run, not after it: rich draws the progress bar and the table, matplotlib
+    # the plot (the `stress` extra), Ray drives --mode ray (the `ray` extra).
+    if not args.quiet:
+        require("'mocksandbox stress' (without --quiet)", "rich")
+    if args.plot:
+        require("'mocksandbox stress --plot'", "matplotlib")
+    if args.mode == "ray":
+        require("'mocksandbox stress --mode ray'", "ray")
     from mocksandbox.stress.harness import ConfigError, StressConfig, run_stress
     from mocksandbox.stress.report import render_summary, write_json
     from mocksandbox.stress.target import TargetError

@@ -4,15 +4,17 @@
 ``POST /process_action {"sid", "content"}`` -> ``{"content": "EXECUTION RESULT of [...]:\\n..."}``;
 ``POST /postprocess {"sid"}`` -> a JSON object; ``POST /compute_reward {"sid"}`` -> ``{"reward", ...}``.
 ``sid`` and ``instance_hash`` may be ints or strings. Unknown ones answer 404 with a ``detail`` that
-says which; malformed bodies 422 as everywhere else.
+says which; malformed bodies 422 as everywhere else; a scoring run in which no test could run (not
+the model's doing) 500 with a ``detail`` that names the cause and quotes the test output's end.
 """
 
 from __future__ import annotations
 
 from flask import Blueprint, Flask, Response, request
-from pydantic import BaseModel
+from pydantic import BaseModel, model_validator
 
 from mocksandbox.sessions import (
+    ScoringError,
     SessionEndedError,
     SessionLimitError,
     UnknownInstanceError,
@@ -28,9 +30,21 @@ control_blueprint = Blueprint("swedev_control", __name__, url_prefix="/_mock")
 
 
 class StartInstanceRequest(BaseModel):
-    """Body of ``/start_instance``: verl sends the int64 hash of the ``instance_id``."""
+    """Body of ``/start_instance``: exactly one of ``instance_hash`` (what verl sends: md5 of the
+    ``instance_id`` mod 2**63, as an int or a decimal string) and ``instance_id`` (a string)."""
 
-    instance_hash: int | str
+    instance_hash: int | str | None = None
+    instance_id: str | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StartInstanceRequest:
+        # A model-level check: FastAPI reports it as one `value_error` item with loc ["body"].
+        if (self.instance_hash is None) == (self.instance_id is None):
+            raise ValueError(
+                "give exactly one of instance_hash (md5(instance_id) mod 2**63, an int or a decimal "
+                "string) and instance_id (a string)"
+            )
+        return self
 
 
 class ProcessActionRequest(BaseModel):
@@ -63,6 +77,7 @@ _STATUS = {
     UnknownSessionError: 404,
     SessionEndedError: 409,
     SessionLimitError: 503,
+    ScoringError: 500,
 }
 
 
@@ -77,7 +92,12 @@ def _session_error(exc: SessionError) -> Response:
 def start_instance() -> Response:
     box = sandbox()
     body = validate_body(StartInstanceRequest, _body(), box.settings.pydantic_docs_version)
-    return json_response({"sid": box.sessions.start(body.instance_hash)})
+    if body.instance_id is not None:
+        key: int | str = box.sessions.registry.get(body.instance_id).instance_hash  # 404 if unknown
+    else:
+        assert body.instance_hash is not None  # the model holds exactly one of the two
+        key = body.instance_hash
+    return json_response({"sid": box.sessions.start(key)})
 
 
 @blueprint.post("/process_action")

@@ -2,8 +2,9 @@
 
 * the official ``sandbox-fusion`` client (PyPI, 0.3.x): endpoint via ``set_endpoint``, the ``endpoint``
   argument and the ``SANDBOX_FUSION_ENDPOINT`` variable; sync and async ``run_code``;
-* verl's ``check_correctness`` (``verl/utils/reward_score/sandbox_fusion/utils.py``), loaded from the
-  installed ``verl`` wheel by file path so that ``verl/__init__.py`` (numpy, torch, ray) never runs;
+* verl's ``check_correctness`` (``verl/utils/reward_score/sandbox_fusion/utils.py``), loaded by file
+  path from verl's wheel installed apart (``.venv/test-vendor``, see the Makefile) so that
+  ``verl/__init__.py`` (numpy, torch, ray) never runs;
 * 64 requests at once over real sockets: no cross-talk, and all of them in flight together.
 
 Nothing here asserts on wall-clock durations.
@@ -187,14 +188,31 @@ def test_sandbox_fusion_endpoint_from_environment(server: ServerThread) -> None:
 _HEAVY_MODULES = ("torch", "ray", "numpy", "transformers", "verl")
 
 
-def _load_verl_sandbox_utils() -> ModuleType:
-    """``verl.utils.reward_score.sandbox_fusion.utils`` from the installed wheel, without ``verl``'s
-    package ``__init__`` (which imports numpy, torch and ray). The module itself needs only the
-    standard library and ``requests``."""
+#: Where `make test` puts verl's wheel (``pip install --no-deps --target``): apart from the venv, so
+#: that pip never sees verl's missing dependencies; ``MOCKSANDBOX_TEST_VENDOR`` names another place.
+TEST_VENDOR = Path(
+    os.environ.get("MOCKSANDBOX_TEST_VENDOR") or Path(__file__).resolve().parents[2] / ".venv" / "test-vendor"
+)
+
+
+def _verl_package_dir() -> Path | None:
+    """verl's package directory: the test-only install, else one installed in this environment."""
+    if (TEST_VENDOR / "verl" / "__init__.py").is_file():
+        return TEST_VENDOR / "verl"
     spec = importlib.util.find_spec("verl")  # finds the package without importing it
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip("verl is not installed (pip install --no-deps verl)")
-    path = Path(next(iter(spec.submodule_search_locations)), "utils/reward_score/sandbox_fusion/utils.py")
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _load_verl_sandbox_utils() -> ModuleType:
+    """``verl.utils.reward_score.sandbox_fusion.utils`` from verl's wheel, without ``verl``'s
+    package ``__init__`` (which imports numpy, torch and ray). The module itself needs only the
+    standard library and ``requests``."""
+    package = _verl_package_dir()
+    if package is None:
+        pytest.skip(f"verl is not installed (pip install --no-deps --target {TEST_VENDOR} verl==0.9.1)")
+    path = package / "utils/reward_score/sandbox_fusion/utils.py"
     if not path.is_file():
         pytest.skip(f"this verl has no {path.relative_to(path.parents[3])}")
     before = set(sys.modules)

@@ -269,7 +269,7 @@ def test_unknown_ids_are_404_with_a_detail_that_says_which(
 @pytest.mark.parametrize(
     ("path", "body", "loc"),
     [
-        ("/start_instance", {}, ["body", "instance_hash"]),
+        ("/start_instance", {}, ["body"]),  # exactly one of instance_hash and instance_id
         ("/process_action", {"sid": "1"}, ["body", "content"]),
         ("/process_action", {"sid": [1], "content": "x"}, ["body", "sid", "int"]),
         ("/compute_reward", None, ["body"]),
