@@ -8,13 +8,15 @@ import socket
 import struct
 import threading
 import traceback
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from werkzeug.exceptions import InternalServerError
 from werkzeug.serving import ThreadedWSGIServer, WSGIRequestHandler
 
 from mocksandbox.core import MockSandbox
+from mocksandbox.settings import Settings
 from mocksandbox.web import create_app
 from mocksandbox.web.middleware import DropConnection
 
@@ -256,3 +258,15 @@ class ServerThread:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+@contextmanager
+def running_server(settings: Settings, host: str = "127.0.0.1", port: int = 0) -> Iterator[ServerThread]:
+    """A new :class:`MockSandbox` built from ``settings``, served in a background thread (port 0: a
+    free one); the server is stopped and the sandbox closed afterwards."""
+    sandbox = MockSandbox.create(settings)
+    try:
+        with ServerThread(sandbox, host, port) as server:
+            yield server
+    finally:
+        sandbox.close()

@@ -7,8 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from mocksandbox.core import MockSandbox
-from mocksandbox.server import ServerThread
+from mocksandbox.server import ServerThread, running_server
 from mocksandbox.settings import Settings
 
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
@@ -17,13 +16,8 @@ PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "http
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerThread]:
     """A real server on a free loopback port, with no pod name (as outside SandboxFusion's cloud)."""
-    box = MockSandbox.create(Settings(pod_name=None))
-    srv = ServerThread(box, "127.0.0.1", 0).start()
-    try:
+    with running_server(Settings(pod_name=None)) as srv:
         yield srv
-    finally:
-        srv.stop()
-        box.close()
 
 
 @pytest.fixture

@@ -44,9 +44,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
-from mocksandbox.core import MockSandbox
 from mocksandbox.models import ALL_LANGUAGES
-from mocksandbox.server import ServerThread
+from mocksandbox.server import ServerThread, running_server
 from mocksandbox.settings import Settings
 
 LONG = os.environ.get("MOCKSANDBOX_FUZZ_LONG") == "1"
@@ -544,13 +543,8 @@ def client_timeout(request: GeneratedRequest) -> float:
 def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
     runs = tmp_path_factory.mktemp("fuzz") / "runs"
     runs.mkdir()
-    box = MockSandbox.create(Settings(pod_name=None, tmp_root=str(runs), max_timeout_s=MAX_TIMEOUT_S))
-    srv = ServerThread(box, "127.0.0.1", 0).start()
-    try:
+    with running_server(Settings(pod_name=None, tmp_root=str(runs), max_timeout_s=MAX_TIMEOUT_S)) as srv:
         yield srv
-    finally:
-        srv.stop()
-        box.close()
 
 
 def send(srv: ServerThread, request: GeneratedRequest, timeout: float) -> tuple[int, str | None, bytes]:

@@ -22,7 +22,7 @@ import requests
 from pytest_httpserver import HTTPServer
 
 from mocksandbox.core import MockSandbox
-from mocksandbox.server import ServerThread
+from mocksandbox.server import ServerThread, running_server
 from mocksandbox.sessions import BackendError, InstanceRegistry
 from mocksandbox.sessions.scripted import diff_block
 from mocksandbox.settings import load_settings
@@ -37,13 +37,8 @@ HINT = (
 @pytest.fixture(scope="module")
 def backend() -> Iterator[ServerThread]:
     """A SandboxFusion to run on: the mock itself."""
-    box = MockSandbox.create(load_settings(overrides={"port": 0}))
-    srv = ServerThread(box, "127.0.0.1", 0).start()
-    try:
+    with running_server(load_settings(overrides={"port": 0})) as srv:
         yield srv
-    finally:
-        srv.stop()
-        box.close()
 
 
 @pytest.fixture(scope="module")

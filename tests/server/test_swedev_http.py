@@ -30,7 +30,7 @@ import pytest
 import requests
 
 from mocksandbox.core import MockSandbox
-from mocksandbox.server import ServerThread
+from mocksandbox.server import ServerThread, running_server
 from mocksandbox.sessions import Instance, InstanceRegistry
 from mocksandbox.sessions.scripted import diff_block, function_call, gold_editor_calls
 from mocksandbox.settings import load_settings
@@ -41,13 +41,8 @@ UNITCONV = next(i for i in SHIPPED if i.instance_id == "sciutils__unitconv-311")
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerThread]:
-    box = MockSandbox.create(load_settings(overrides={"port": 0}))
-    srv = ServerThread(box, "127.0.0.1", 0).start()
-    try:
+    with running_server(load_settings(overrides={"port": 0})) as srv:
         yield srv
-    finally:
-        srv.stop()
-        box.close()
 
 
 @pytest.fixture
