@@ -80,7 +80,7 @@ def test_schema_built_as_the_seed_builds_it() -> None:
 def _verl_schemas() -> ModuleType:
     spec = importlib.util.find_spec("verl")
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip("verl is not installed (pip install --no-deps verl)")
+        pytest.skip("verl is not installed (make test puts it in .venv/test-vendor)")
     path = Path(next(iter(spec.submodule_search_locations))) / "tools" / "schemas.py"
     if not path.exists():
         pytest.skip("this verl has no verl/tools/schemas.py")

@@ -28,7 +28,7 @@ CASES = [
 def _verl_gsm8k() -> ModuleType:
     spec = importlib.util.find_spec("verl")
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip("verl is not installed (pip install --no-deps verl)")
+        pytest.skip("verl is not installed (make test puts it in .venv/test-vendor)")
     path = Path(next(iter(spec.submodule_search_locations))) / "utils" / "reward_score" / "gsm8k.py"
     if not path.exists():
         pytest.skip("this verl has no gsm8k.py")
