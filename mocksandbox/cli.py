@@ -108,11 +108,12 @@ def _serve(args: argparse.Namespace) -> int:
     print(f"mocksandbox {__version__} serving on {server.url}", flush=True)
     print(f"  confinement: {sandbox.engine.confinement_name}", flush=True)
     print(f"  process budget: {sandbox.confinement.budget.describe()}", flush=True)
+    print(f"  memory budget: {sandbox.confinement.memory_budget.describe()}", flush=True)
     print(f"  user python: {settings.python} (exec mode: {settings.exec_mode})", flush=True)
     if settings.max_in_flight:
         print(f"  cap: {settings.max_in_flight} in flight, then {settings.overload}", flush=True)
-    if sandbox.faults.rules():
-        print(f"  faults: {len(sandbox.faults.rules())} rule(s) active", flush=True)
+    if sandbox.fault_rules():
+        print(f"  faults: {len(sandbox.fault_rules())} rule(s) active", flush=True)
     print(f"  control API: {'/_mock/' if settings.control_api else 'off'}", flush=True)
     print(f"  datasets: {', '.join(sandbox.datasets.list_datasets())}", flush=True)
     jupyter_missing = _jupyter_missing(settings.python)

@@ -6,52 +6,33 @@ reach the core through a :class:`MockSandbox`; nothing is created at import time
 
 from __future__ import annotations
 
-import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any
 
+from mocksandbox.control.state import (
+    CapacityPolicy,
+    ControlState,
+    LocalControlState,
+    ServerError,
+    select_entries,
+)
 from mocksandbox.datasets import DatasetService
 from mocksandbox.execution.confinement import Confinement
 from mocksandbox.execution.engine import ExecutionEngine, create_engine
-from mocksandbox.faults import FaultInjector, FaultRule, FaultSpec, load_fault_file, parse_fault_specs
-from mocksandbox.journal import InFlight, Journal, JournalEntry, nearest
+from mocksandbox.faults import FaultRule, FaultSpec, load_fault_file, parse_fault_specs, validate_fault_spec
+from mocksandbox.journal import JournalEntry, nearest
 from mocksandbox.jupyter import JupyterService
 from mocksandbox.sessions import SessionManager
 from mocksandbox.settings import Settings, load_settings
 
 
-@dataclass(frozen=True)
-class CapacityPolicy:
-    """The server-side concurrency cap, as a FaaS gateway in front of SandboxFusion applies it."""
-
-    max_in_flight: int | None = None
-    overload: Literal["reject", "queue"] = "reject"
-    queue_timeout_s: float | None = None
-    retry_after_s: float = 1.0
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> CapacityPolicy:
-        return cls(
-            settings.max_in_flight, settings.overload, settings.queue_timeout_s, settings.retry_after_s
-        )
-
-    def wait_seconds(self) -> float | None:
-        """How long an over-cap request may wait for a slot (0: not at all; None: forever)."""
-        if self.overload == "reject":
-            return 0.0
-        return self.queue_timeout_s
-
-
-@dataclass(frozen=True)
-class ServerError:
-    """An unexpected exception inside the server, kept so that the test that caused it sees it."""
-
-    path: str
-    exception: BaseException
-    traceback: str
+def capacity_from_settings(settings: Settings) -> CapacityPolicy:
+    """The cap a server starts with (and returns to on reset)."""
+    return CapacityPolicy(
+        settings.max_in_flight, settings.overload, settings.queue_timeout_s, settings.retry_after_s
+    )
 
 
 class MockSandbox:
@@ -67,6 +48,8 @@ class MockSandbox:
         baseline_faults: list[FaultSpec] | None = None,
         sessions: SessionManager | None = None,
         datasets: DatasetService | None = None,
+        control: ControlState | None = None,
+        worker_name: str | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine
@@ -78,18 +61,20 @@ class MockSandbox:
         self.sessions = sessions if sessions is not None else SessionManager.create(settings, engine.runner)
         self.confinement = confinement
         self.sleep = sleep
-        self.faults = FaultInjector(clock)
-        self.journal = Journal(settings.journal_limit, clock)
-        self.in_flight = InFlight(clock=clock)
-        self.capacity = CapacityPolicy.from_settings(settings)
         self._baseline_faults = (
             baseline_faults if baseline_faults is not None else self._configured_faults(settings)
         )
-        self._errors: list[ServerError] = []
+        #: Journal, in-flight count and cap, fault rules, server errors: one state however many
+        #: processes serve (DESIGN seam 6). Given: shared with others; else this process's own,
+        #: set to the configured baseline.
+        if control is None:
+            control = LocalControlState(settings.journal_limit, capacity_from_settings(settings), clock)
+            control.reset(self._baseline_faults, capacity_from_settings(settings))
+        self.control: ControlState = control
+        #: Which server process this is, in the journal (``None`` with one process).
+        self.worker_name = worker_name
         #: Called by close(), last added first (e.g. the launcher process).
         self._closers: list[Callable[[], None]] = []
-        self._errors_lock = threading.Lock()
-        self.faults.add_all(self._baseline_faults)
 
     @classmethod
     def create(cls, settings: Settings | None = None) -> MockSandbox:
@@ -127,13 +112,7 @@ class MockSandbox:
         instances stay loaded)."""
         self.sessions.reset()
         self.jupyter.reset()  # counts only: no kernel ever serves two requests
-        self.journal.reset()
-        self.in_flight.reset()
-        self.faults.reset()
-        self.faults.add_all(self._baseline_faults)
-        self.capacity = CapacityPolicy.from_settings(self.settings)
-        with self._errors_lock:
-            self._errors.clear()
+        self.control.reset(self._baseline_faults, capacity_from_settings(self.settings))
 
     def close(self) -> None:
         """Release host resources: helper processes, then the per-run cgroup parents."""
@@ -142,32 +121,50 @@ class MockSandbox:
         while self._closers:
             self._closers.pop()()
         self.confinement.close()
+        self.control.close()
 
     # -- faults and cap ------------------------------------------------------------------------
 
     def add_fault(self, spec: FaultSpec | Mapping[str, Any] | None = None, **parts: Any) -> FaultRule:
         """Add a fault rule: a spec, or its parts (``match=..., action=..., schedule=...``)."""
-        return self.faults.add(spec if spec is not None else parts)
+        (rule,) = self.add_faults([spec if spec is not None else parts])
+        return rule
+
+    def add_faults(self, specs: Iterable[FaultSpec | Mapping[str, Any]]) -> list[FaultRule]:
+        """Add several rules, all or none (:class:`~mocksandbox.faults.FaultError` if one is wrong)."""
+        return self.control.add_faults([validate_fault_spec(spec) for spec in specs])
+
+    def fault_rules(self) -> list[FaultRule]:
+        """The rules in force, with how often each matched and fired."""
+        return self.control.fault_rules()
+
+    def remove_fault(self, rule_id: str) -> bool:
+        return self.control.remove_fault(rule_id)
+
+    def clear_faults(self) -> list[str]:
+        """Remove every rule (start-up ones too, until the next reset); the ids removed."""
+        return self.control.clear_faults()
+
+    @property
+    def capacity(self) -> CapacityPolicy:
+        """The cap in force."""
+        return self.control.capacity()
 
     def set_capacity(self, **changes: Any) -> CapacityPolicy:
         """Change the cap (``max_in_flight``, ``overload``, ``queue_timeout_s``, ``retry_after_s``)."""
-        policy = replace(self.capacity, **changes)
-        if policy.max_in_flight is not None and policy.max_in_flight < 1:
-            raise ValueError("max_in_flight must be at least 1 (or None for no cap)")
-        if policy.overload not in ("reject", "queue"):
-            raise ValueError("overload must be 'reject' or 'queue'")
-        self.capacity = policy
+        policy = self.control.capacity().changed(**changes)
+        self.control.set_capacity(policy)
         return policy
 
     # -- what happened -------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
         """Counts since the last reset: requests, in flight now and at most, by path and status."""
-        return {
-            **self.journal.counts(),
-            **self.in_flight.snapshot(),
-            "max_in_flight_cap": self.capacity.max_in_flight,
-        }
+        return self.control.stats()
+
+    def timeline(self) -> list[tuple[float, int]]:
+        """``(seconds since reset, requests in flight)`` at every change."""
+        return self.control.timeline()
 
     def requests(
         self,
@@ -177,14 +174,7 @@ class MockSandbox:
         status: int | None = None,
     ) -> list[JournalEntry]:
         """Journal entries that match every given filter, oldest first."""
-        return [
-            e
-            for e in self.journal.entries()
-            if (path is None or e.path == path)
-            and (method is None or e.method == method.upper())
-            and (language is None or e.language == language)
-            and (status is None or e.status == status)
-        ]
+        return select_entries(self.control.entries(), path, method, language, status)
 
     def assert_requests(self, count: int, **filters: Any) -> list[JournalEntry]:
         """Assert that exactly ``count`` requests match ``filters``; the message shows the nearest."""
@@ -193,27 +183,24 @@ class MockSandbox:
             wanted = ", ".join(f"{k}={v!r}" for k, v in filters.items()) or "any request"
             raise AssertionError(
                 f"expected {count} request(s) with {wanted}, found {len(found)}.\n"
-                f"Last requests seen:\n{nearest(self.journal.entries())}"
+                f"Last requests seen:\n{nearest(self.control.entries())}"
             )
         return found
 
     def record_error(self, path: str, exc: BaseException) -> None:
         """Keep an unexpected server-side exception for the test to re-raise."""
-        with self._errors_lock:
-            self._errors.append(ServerError(path, exc, "".join(traceback.format_exception(exc))))
+        self.control.record_error(ServerError(path, exc, "".join(traceback.format_exception(exc))))
 
     def take_errors(self) -> list[ServerError]:
         """The server-side exceptions since the last call, forgotten once taken."""
-        with self._errors_lock:
-            errors, self._errors = self._errors, []
-        return errors
+        return self.control.take_errors()
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Wait until no request is in flight (e.g. before reading the journal from another thread)."""
         deadline = time.monotonic() + timeout
-        while self.in_flight.snapshot()["in_flight"] and time.monotonic() < deadline:
+        while self.control.stats()["in_flight"] and time.monotonic() < deadline:
             time.sleep(0.005)
-        return not self.in_flight.snapshot()["in_flight"]
+        return not self.control.stats()["in_flight"]
 
 
 def describe_entries(entries: Iterable[JournalEntry]) -> list[dict[str, Any]]:

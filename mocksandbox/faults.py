@@ -283,11 +283,7 @@ class FaultInjector:
 
     def add(self, spec: FaultSpec | Mapping[str, Any]) -> FaultRule:
         """Add a rule (a :class:`FaultSpec` or its JSON form); raises :class:`FaultError` if invalid."""
-        if not isinstance(spec, FaultSpec):
-            try:
-                spec = FaultSpec.model_validate(spec)
-            except ValidationError as exc:
-                raise FaultError(_describe(exc)) from None
+        spec = validate_fault_spec(spec)
         with self._lock:
             rule = FaultRule(id=spec.name or f"fault-{next(self._ids)}", spec=spec, added_at=self._clock())
             if any(r.id == rule.id for r in self._rules):
@@ -328,6 +324,16 @@ class FaultInjector:
                     continue
                 return FaultDecision(delay, rule.spec.action, tuple(fired))
         return FaultDecision(delay, None, tuple(fired))
+
+
+def validate_fault_spec(spec: FaultSpec | Mapping[str, Any]) -> FaultSpec:
+    """A rule from its JSON form (or as it is); raises :class:`FaultError` when it is not valid."""
+    if isinstance(spec, FaultSpec):
+        return spec
+    try:
+        return FaultSpec.model_validate(spec)
+    except ValidationError as exc:
+        raise FaultError(_describe(exc)) from None
 
 
 def _describe(exc: ValidationError) -> str:

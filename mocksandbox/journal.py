@@ -9,7 +9,10 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mocksandbox.faults import FaultDecision
 
 #: Bytes of each request and response body the journal keeps; a 8 MiB program output times ten
 #: thousand entries must not become the server's memory.
@@ -41,6 +44,8 @@ class JournalEntry:
     outcome: str = "answered"
     body_truncated: bool = False
     response_truncated: bool = False
+    #: Which server process served it (``None`` with one process).
+    worker: str | None = None
 
     @property
     def body(self) -> Any:
@@ -99,6 +104,8 @@ class Journal:
     def reset(self) -> None:
         with self._lock:
             self._entries: deque[JournalEntry] = deque(maxlen=self.limit)
+            #: Begun and not yet finished, by id (an entry may leave the bounded deque meanwhile).
+            self._pending: dict[int, JournalEntry] = {}
             self._ids = itertools.count(1)
             self._origin = self._clock()
             self.requests_total = 0
@@ -111,19 +118,42 @@ class Journal:
     def now(self) -> float:
         return self._clock() - self._origin
 
-    def begin(self, method: str, path: str, query: str, body: bytes, client: str) -> JournalEntry:
+    def begin(
+        self, method: str, path: str, query: str, body: bytes, client: str, worker: str | None = None
+    ) -> JournalEntry:
         with self._lock:
             entry = JournalEntry(next(self._ids), method, path, query, body[:BODY_LIMIT], client, self.now())
             entry.body_truncated = len(body) > BODY_LIMIT
+            entry.worker = worker
             self._entries.append(entry)
+            self._pending[entry.id] = entry
+            if len(self._pending) > self.limit:  # requests that failed before their answer
+                del self._pending[next(iter(self._pending))]
             self.requests_total += 1
             self.by_path[path] += 1
         return entry
+
+    def note_faults(self, entry: JournalEntry, decision: FaultDecision) -> None:
+        """Which rules fired on ``entry``, and the type of the deciding action."""
+        with self._lock:
+            entry.faults = list(decision.rule_ids)
+            entry.fault_action = getattr(decision.action, "type", "delay" if decision.delay_seconds else None)
+
+    def finish_id(
+        self, entry_id: int, status: int | None, response: bytes | None, outcome: str = "answered"
+    ) -> None:
+        """:meth:`finish` for the entry begun with ``entry_id`` (ignored after a reset)."""
+        with self._lock:
+            entry = self._pending.get(entry_id)
+        if entry is not None:
+            self.finish(entry, status, response, outcome)
 
     def finish(
         self, entry: JournalEntry, status: int | None, response: bytes | None, outcome: str = "answered"
     ) -> None:
         with self._lock:
+            if self._pending.pop(entry.id, None) is None:
+                return  # finished already, or begun before a reset
             entry.status, entry.outcome = status, outcome
             if response is not None:
                 entry.raw_response = response[:BODY_LIMIT]

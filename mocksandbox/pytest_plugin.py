@@ -162,7 +162,7 @@ class MockSandboxHandle:
         return self.add_fault(match={"path": path}, action=action, schedule=schedule)
 
     def clear_faults(self) -> None:
-        self.sandbox.faults.reset()
+        self.sandbox.clear_faults()
 
     # -- capacity, journal, stats --------------------------------------------------------------
 

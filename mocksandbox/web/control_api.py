@@ -38,37 +38,30 @@ def _body() -> Any:
 
 @blueprint.get("/faults")
 def list_faults() -> Response:
-    return json_response({"faults": [rule.describe() for rule in sandbox().faults.rules()]})
+    return json_response({"faults": [rule.describe() for rule in sandbox().fault_rules()]})
 
 
 @blueprint.post("/faults")
 def add_faults() -> Response:
     body = _body()
     specs = body if isinstance(body, list) else [body]
-    box = sandbox()
-    added = []
     try:
-        for spec in specs:
-            if not isinstance(spec, dict):
-                raise FaultError("a fault rule must be a JSON object (or a list of them)")
-            added.append(box.add_fault(spec))
+        if not all(isinstance(spec, dict) for spec in specs):
+            raise FaultError("a fault rule must be a JSON object (or a list of them)")
+        added = sandbox().add_faults(specs)  # all or nothing
     except FaultError as exc:
-        for rule in added:  # all or nothing
-            box.faults.remove(rule.id)
         return json_response({"detail": str(exc)}, status=422)
     return json_response({"faults": [rule.describe() for rule in added]}, status=201)
 
 
 @blueprint.delete("/faults")
 def clear_faults() -> Response:
-    box = sandbox()
-    removed = [rule.id for rule in box.faults.rules() if box.faults.remove(rule.id)]
-    return json_response({"removed": removed})
+    return json_response({"removed": sandbox().clear_faults()})
 
 
 @blueprint.delete("/faults/<rule_id>")
 def delete_fault(rule_id: str) -> Response:
-    if not sandbox().faults.remove(rule_id):
+    if not sandbox().remove_fault(rule_id):
         return json_response({"detail": f"no fault rule with id {rule_id!r}"}, status=404)
     return json_response({"removed": [rule_id]})
 
@@ -93,7 +86,7 @@ def stats() -> Response:
 @blueprint.get("/timeline")
 def timeline() -> Response:
     box = sandbox()
-    return json_response({"limit": box.capacity.max_in_flight, "points": box.in_flight.timeline_points()})
+    return json_response({"limit": box.capacity.max_in_flight, "points": box.timeline()})
 
 
 @blueprint.get("/capacity")

@@ -13,18 +13,18 @@ from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
 from typing import Any
 
+from mocksandbox.control.state import IncomingRequest
 from mocksandbox.core import MockSandbox
 from mocksandbox.faults import (
     CloseAction,
+    FaultDecision,
     MalformedJsonAction,
-    RequestInfo,
     ResetAction,
     SandboxErrorAction,
     SlowBodyAction,
     StatusAction,
     TruncateAction,
 )
-from mocksandbox.journal import JournalEntry
 from mocksandbox.models import RunCodeResponse, RunStatus
 
 StartResponse = Callable[..., Any]
@@ -89,47 +89,41 @@ class MockLayer:
 
         raw = self._read_body(environ)
         box = self.sandbox
-        entry = box.journal.begin(
-            environ.get("REQUEST_METHOD", "GET"),
-            path,
-            environ.get("QUERY_STRING", ""),
-            raw,
-            f"{environ.get('REMOTE_ADDR', '')}:{environ.get('REMOTE_PORT', '')}",
+        control = box.control
+        admission = control.admit(
+            IncomingRequest(
+                environ.get("REQUEST_METHOD", "GET"),
+                path,
+                environ.get("QUERY_STRING", ""),
+                raw,
+                f"{environ.get('REMOTE_ADDR', '')}:{environ.get('REMOTE_PORT', '')}",
+                box.worker_name,
+            )
         )
-        policy = box.capacity
-        if not box.in_flight.enter(policy.max_in_flight, policy.wait_seconds()):
+        entry_id = admission.entry_id
+        if not admission.admitted:
             answer = _Answer.json(
                 429,
                 {"detail": "Too Many Requests"},
-                {"Retry-After": _seconds_header(policy.retry_after_s)},
+                {"Retry-After": _seconds_header(admission.retry_after_s)},
             )
-            box.journal.finish(entry, 429, answer.body, outcome="rejected")
+            control.finish(entry_id, 429, answer.body, outcome="rejected", leave=False)
             return answer.send(start_response)
-
-        left = False
-
-        def leave() -> None:
-            nonlocal left
-            if not left:
-                left = True
-                box.in_flight.leave()
 
         try:
-            answer_or_stream = self._answer(environ, raw, entry)
+            answer, chunks = self._answer(environ, admission.decision)
         except DropConnection:
-            box.journal.finish(entry, None, None, outcome="dropped")
-            leave()
+            control.finish(entry_id, None, None, outcome="dropped")
             raise
         except BaseException:
-            leave()
+            control.leave()
             raise
-        answer, chunks = answer_or_stream
-        box.journal.finish(entry, answer.status, answer.body)
         if chunks is None:
-            leave()
+            control.finish(entry_id, answer.status, answer.body)
             return answer.send(start_response)
         # A slow body keeps the request in flight until its last chunk is out.
-        return answer.send(start_response, _closing(chunks, leave))
+        control.finish(entry_id, answer.status, answer.body, leave=False)
+        return answer.send(start_response, _closing(chunks, control.leave))
 
     @staticmethod
     def _read_body(environ: dict[str, Any]) -> bytes:
@@ -144,13 +138,10 @@ class MockLayer:
         return raw
 
     def _answer(
-        self, environ: dict[str, Any], raw: bytes, entry: JournalEntry
+        self, environ: dict[str, Any], decision: FaultDecision
     ) -> tuple[_Answer, Iterator[bytes] | None]:
         box = self.sandbox
-        decision = box.faults.decide(RequestInfo(entry.method, entry.path, raw))
-        entry.faults = list(decision.rule_ids)
         action = decision.action
-        entry.fault_action = getattr(action, "type", "delay" if decision.delay_seconds else None)
         if decision.delay_seconds:
             box.sleep(decision.delay_seconds)
 

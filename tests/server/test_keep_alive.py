@@ -50,7 +50,7 @@ def test_several_requests_share_one_connection(served: tuple[MockSandbox, Server
             assert not response.will_close
             assert response.getheader("Connection") is None
         # Every request came from the same client port: one TCP connection.
-        peers = {entry.client for entry in box.journal.entries()}
+        peers = {entry.client for entry in box.requests()}
     finally:
         connection.close()
     assert answers == [200, 200, 200]
@@ -117,7 +117,7 @@ def test_client_leaving_halfway_through_its_body_gets_no_answer(
         assert _post(connection, PRINT).status == 200
     finally:
         connection.close()
-    assert len(box.journal.entries()) == 1  # the cut request never reached the app
+    assert len(box.requests()) == 1  # the cut request never reached the app
 
 
 def test_reset_fault_still_drops_a_kept_connection(served: tuple[MockSandbox, ServerThread]) -> None:
@@ -125,7 +125,7 @@ def test_reset_fault_still_drops_a_kept_connection(served: tuple[MockSandbox, Se
     connection = _connect(server)
     try:
         assert _post(connection, PRINT).status == 200
-        box.faults.add({"match": {"path": "/run_code"}, "action": {"type": "reset"}, "schedule": {"first": 1}})
+        box.add_fault({"match": {"path": "/run_code"}, "action": {"type": "reset"}, "schedule": {"first": 1}})
         with pytest.raises((ConnectionError, http.client.RemoteDisconnected)):
             _post(connection, PRINT)
     finally:

@@ -404,7 +404,7 @@ def test_fault_rules_refuse_non_finite_numbers(client: FlaskClient, box: MockSan
     response = post(client, "/_mock/faults", b'{"action":' + action + b"}")
     assert response.status_code == 422
     assert "finite number" in strict_json(response)["detail"]
-    assert box.faults.rules() == []
+    assert box.fault_rules() == []
 
 
 def test_fault_rule_with_unencodable_values_is_listed_as_valid_json(client: FlaskClient) -> None:
