@@ -108,7 +108,6 @@ def _serve(args: argparse.Namespace) -> int:
     print(f"mocksandbox {__version__} serving on {server.url}", flush=True)
     print(f"  confinement: {sandbox.engine.confinement_name}", flush=True)
     print(f"  process budget: {sandbox.confinement.budget.describe()}", flush=True)
-    print(f"  memory budget: {sandbox.confinement.memory_budget.describe()}", flush=True)
     print(f"  user python: {settings.python} (exec mode: {settings.exec_mode})", flush=True)
     if settings.max_in_flight:
         print(f"  cap: {settings.max_in_flight} in flight, then {settings.overload}", flush=True)
