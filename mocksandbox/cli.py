@@ -8,8 +8,13 @@ import importlib.util
 import signal
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from mocksandbox import __version__
+
+if TYPE_CHECKING:
+    from mocksandbox.core import MockSandbox
+    from mocksandbox.settings import Settings
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -31,6 +36,7 @@ def _serve(args: argparse.Namespace) -> int:
                 "access_log": args.access_log or None,
                 "allowed_hosts": args.allow_host,
                 "allow_any_host": args.allow_any_host or None,
+                "workers": args.workers,
                 "faults_file": args.faults,
                 "max_in_flight": args.max_in_flight,
                 "overload": args.overload,
@@ -80,6 +86,8 @@ def _serve(args: argparse.Namespace) -> int:
         if jupyter_missing:
             print(f"mocksandbox: --jupyter-prewarm: {jupyter_missing}", file=sys.stderr)
             return 2
+    if settings.worker_count() > 1:
+        return _serve_workers(settings)
     try:
         sandbox = MockSandbox.create(settings)
     except (FaultError, SessionError) as exc:
@@ -92,7 +100,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"mocksandbox: {exc}", file=sys.stderr)
         return 2
     try:
-        backend = sandbox.sessions.check_backend()  # --swedev-backend: can the tests run there?
+        banner = sandbox_banner(sandbox, settings)
     except SessionError as exc:
         sandbox.close()
         print(f"mocksandbox: {exc}", file=sys.stderr)
@@ -106,38 +114,8 @@ def _serve(args: argparse.Namespace) -> int:
         )
         return 2
     print(f"mocksandbox {__version__} serving on {server.url}", flush=True)
-    print(f"  confinement: {sandbox.engine.confinement_name}", flush=True)
-    print(f"  process budget: {sandbox.confinement.budget.describe()}", flush=True)
-    print(f"  user python: {settings.python} (exec mode: {settings.exec_mode})", flush=True)
-    if settings.max_in_flight:
-        print(f"  cap: {settings.max_in_flight} in flight, then {settings.overload}", flush=True)
-    if sandbox.fault_rules():
-        print(f"  faults: {len(sandbox.fault_rules())} rule(s) active", flush=True)
-    print(f"  control API: {'/_mock/' if settings.control_api else 'off'}", flush=True)
-    print(f"  datasets: {', '.join(sandbox.datasets.list_datasets())}", flush=True)
-    jupyter_missing = _jupyter_missing(settings.python)
-    if jupyter_missing:
-        print(f"  jupyter: off, {jupyter_missing}", flush=True)
-    else:
-        print(
-            f"  jupyter: {settings.jupyter_pool_size} warm kernel(s) ({settings.jupyter_launcher}), "
-            f"{'filling now' if settings.jupyter_prewarm else 'started at the first /run_jupyter'}",
-            flush=True,
-        )
-    sessions = sandbox.sessions
-    state = sessions.state_dir or "a temporary dir (--state-dir DIR keeps sessions across restarts)"
-    print(
-        f"  swedev: {len(sessions.registry)} instance(s), state in {state}, runs {sessions.executor.name}",
-        flush=True,
-    )
-    if backend is not None:
-        print(f"  swedev backend: tests run with {backend.describe()}", flush=True)
-    try:
-        print(f"  swedev isolation: {sessions.isolation()[1]}", flush=True)
-    except SessionError as exc:
-        sandbox.close()
-        print(f"mocksandbox: {exc}", file=sys.stderr)
-        return 2
+    for line in banner:
+        print(line, flush=True)
     # Stop the same clean way on Ctrl-C and on SIGTERM (and even when started with SIGINT ignored),
     # also when the signal comes right after the banner's last line.
     signal.signal(signal.SIGINT, _interrupt)
@@ -151,6 +129,89 @@ def _serve(args: argparse.Namespace) -> int:
         print("\nmocksandbox: stopping", flush=True)
         server.server_close()
         sandbox.close()
+    return 0
+
+
+def sandbox_banner(sandbox: MockSandbox, settings: Settings) -> list[str]:
+    """What ``serve`` says about a sandbox after its URL: confinement, budgets, extras, sessions.
+    Raises :class:`~mocksandbox.sessions.SessionError` when the swedev backend or isolation
+    cannot work (the server must not start then)."""
+    backend = sandbox.sessions.check_backend()  # --swedev-backend: can the tests run there?
+    lines = [
+        f"  confinement: {sandbox.engine.confinement_name}",
+        f"  process budget: {sandbox.confinement.budget.describe()}",
+    ]
+    memory_budget = getattr(sandbox.confinement, "memory_budget", None)
+    if memory_budget is not None:
+        lines.append(f"  memory budget: {memory_budget.describe()}")
+    lines.append(f"  user python: {settings.python} (exec mode: {settings.exec_mode})")
+    if settings.max_in_flight:
+        lines.append(f"  cap: {settings.max_in_flight} in flight, then {settings.overload}")
+    if sandbox.fault_rules():
+        lines.append(f"  faults: {len(sandbox.fault_rules())} rule(s) active")
+    lines.append(f"  control API: {'/_mock/' if settings.control_api else 'off'}")
+    lines.append(f"  datasets: {', '.join(sandbox.datasets.list_datasets())}")
+    jupyter_missing = _jupyter_missing(settings.python)
+    if jupyter_missing:
+        lines.append(f"  jupyter: off, {jupyter_missing}")
+    else:
+        lines.append(
+            f"  jupyter: {settings.jupyter_pool_size} warm kernel(s) ({settings.jupyter_launcher}), "
+            f"{'filling now' if settings.jupyter_prewarm else 'started at the first /run_jupyter'}"
+        )
+    sessions = sandbox.sessions
+    state = sessions.state_dir or "a temporary dir (--state-dir DIR keeps sessions across restarts)"
+    lines.append(
+        f"  swedev: {len(sessions.registry)} instance(s), state in {state}, runs {sessions.executor.name}"
+    )
+    if backend is not None:
+        lines.append(f"  swedev backend: tests run with {backend.describe()}")
+    lines.append(f"  swedev isolation: {sessions.isolation()[1]}")
+    return lines
+
+
+def _serve_workers(settings: Settings) -> int:
+    """``serve --workers N``: the master of N worker processes (see :mod:`mocksandbox.workers`)."""
+    from mocksandbox.sessions import SessionError
+    from mocksandbox.workers import WorkerPool, WorkerStartError
+
+    count = settings.worker_count()
+    try:
+        pool = WorkerPool(settings, count)
+    except OSError as exc:
+        print(
+            f"mocksandbox: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 2
+    except SessionError as exc:
+        print(f"mocksandbox: {exc}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        banner = pool.start()
+        print(f"mocksandbox {__version__} serving on {pool.url} with {count} workers", flush=True)
+        for line in banner:
+            if line.startswith("  process budget:"):  # the first worker's share: say the whole
+                line = f"  process budget: {pool.budget.describe()}"
+            print(line, flush=True)
+        share = pool.worker_budget
+        print(
+            f"  workers: {count}, one control state; each worker's runs: {share.runs_total} "
+            f"processes together, {share.per_run} per run",
+            flush=True,
+        )
+        print("  press Ctrl-C to stop", flush=True)
+        pool.watch()
+    except WorkerStartError as exc:
+        print(f"mocksandbox: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        pass
+    finally:
+        print("\nmocksandbox: stopping", flush=True)
+        pool.stop()
     return 0
 
 
@@ -210,6 +271,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--queue-timeout", type=float, metavar="S", help="with --overload queue: 429 after S seconds"
     )
     serve.add_argument("--no-control-api", action="store_true", help="do not serve the /_mock/ endpoints")
+    serve.add_argument(
+        "--workers",
+        metavar="N|auto",
+        help="server processes answering from one address over one control state (default 1; "
+        "auto: one per usable core)",
+    )
     serve.add_argument(
         "--allow-host",
         action="append",

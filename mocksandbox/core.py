@@ -19,6 +19,7 @@ from mocksandbox.control.state import (
     select_entries,
 )
 from mocksandbox.datasets import DatasetService
+from mocksandbox.execution.budget import ProcessBudget
 from mocksandbox.execution.confinement import Confinement
 from mocksandbox.execution.engine import ExecutionEngine, create_engine
 from mocksandbox.faults import FaultRule, FaultSpec, load_fault_file, parse_fault_specs, validate_fault_spec
@@ -62,7 +63,7 @@ class MockSandbox:
         self.confinement = confinement
         self.sleep = sleep
         self._baseline_faults = (
-            baseline_faults if baseline_faults is not None else self._configured_faults(settings)
+            baseline_faults if baseline_faults is not None else self.configured_faults(settings)
         )
         #: Journal, in-flight count and cap, fault rules, server errors: one state however many
         #: processes serve (DESIGN seam 6). Given: shared with others; else this process's own,
@@ -77,20 +78,39 @@ class MockSandbox:
         self._closers: list[Callable[[], None]] = []
 
     @classmethod
-    def create(cls, settings: Settings | None = None) -> MockSandbox:
-        """A sandbox with the real engine, confined as the host allows."""
+    def create(
+        cls,
+        settings: Settings | None = None,
+        control: ControlState | None = None,
+        worker_name: str | None = None,
+        process_budget: ProcessBudget | None = None,
+        shared_state_dir: bool = False,
+    ) -> MockSandbox:
+        """A sandbox with the real engine, confined as the host allows.
+
+        One of several worker processes (see :mod:`mocksandbox.workers`) passes the ``control``
+        state they share, its ``worker_name``, its share of the host's ``process_budget``, and
+        ``shared_state_dir`` (the sessions' state dir, prepared by the process that started it).
+        """
         settings = settings or load_settings()
-        baseline = cls._configured_faults(settings)  # fail on a bad fault file before any set-up
-        engine, confinement, launcher = create_engine(settings)
+        baseline = cls.configured_faults(settings)  # fail on a bad fault file before any set-up
+        engine, confinement, launcher = create_engine(settings, process_budget)
         try:  # instances are loaded and checked, a configured state dir is opened (and locked)
             datasets = DatasetService.from_settings(settings, engine)  # dataset files are read and checked
-            sessions = SessionManager.create(settings, engine.runner)
+            sessions = SessionManager.create(settings, engine.runner, shared_state_dir=shared_state_dir)
         except BaseException:
             launcher.close()
             confinement.close()
             raise
         box = cls(
-            settings, engine, confinement, baseline_faults=baseline, sessions=sessions, datasets=datasets
+            settings,
+            engine,
+            confinement,
+            baseline_faults=baseline,
+            sessions=sessions,
+            datasets=datasets,
+            control=control,
+            worker_name=worker_name,
         )
         box._closers.append(launcher.close)
         if settings.jupyter_prewarm:
@@ -98,7 +118,8 @@ class MockSandbox:
         return box
 
     @staticmethod
-    def _configured_faults(settings: Settings) -> list[FaultSpec]:
+    def configured_faults(settings: Settings) -> list[FaultSpec]:
+        """The fault rules ``settings`` start with (and a reset restores)."""
         specs = parse_fault_specs(settings.faults, source="settings.faults")
         if settings.faults_file:
             specs += load_fault_file(settings.faults_file)

@@ -133,6 +133,15 @@ class Journal:
             self.by_path[path] += 1
         return entry
 
+    def note_event(self, text: str, worker: str | None = None) -> JournalEntry:
+        """Something that happened to the server itself (a worker died and was replaced), in the
+        journal's order; not a request, so not counted as one."""
+        with self._lock:
+            entry = JournalEntry(next(self._ids), "EVENT", "", "", text.encode(), "", self.now())
+            entry.worker, entry.outcome, entry.ended = worker, "event", entry.started
+            self._entries.append(entry)
+        return entry
+
     def note_faults(self, entry: JournalEntry, decision: FaultDecision) -> None:
         """Which rules fired on ``entry``, and the type of the deciding action."""
         with self._lock:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import ipaddress
+import os
 import socket
 import struct
 import threading
@@ -167,24 +168,39 @@ class MockServer(ThreadedWSGIServer):
     request_queue_size = LISTEN_BACKLOG
     daemon_threads = True
 
-    def __init__(self, host: str, port: int, app: Any, access_log: bool = False) -> None:
+    def __init__(
+        self, host: str, port: int, app: Any, access_log: bool = False, listener_fd: int | None = None
+    ) -> None:
         # Bind and listen ourselves: werkzeug would print and sys.exit() on a bind error, and we
         # want an OSError the caller can report (and our own backlog).
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
         #: False once the server is closed (werkzeug's own set-up calls server_close() first).
         self.accepting_requests = False
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        listener = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            listener.bind((host, port))
-            listener.listen(LISTEN_BACKLOG)
-            super().__init__(host, port, app, handler=_RequestHandler, fd=listener.fileno())
-        finally:
-            listener.close()  # werkzeug holds its own duplicate of the descriptor
+        if listener_fd is not None:  # a socket another process bound (mocksandbox.workers)
+            super().__init__(host, port, app, handler=_RequestHandler, fd=listener_fd)
+        else:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            listener = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                listener.bind((host, port))
+                listener.listen(LISTEN_BACKLOG)
+                super().__init__(host, port, app, handler=_RequestHandler, fd=listener.fileno())
+            finally:
+                listener.close()  # werkzeug holds its own duplicate of the descriptor
         self.access_log = access_log
         self.accepting_requests = True
+
+    @classmethod
+    def from_listener(cls, fd: int, app: Any, access_log: bool = False) -> MockServer:
+        """A server accepting from a listening socket it inherited (one of several workers)."""
+        probe = socket.socket(fileno=os.dup(fd))
+        try:
+            host, port = probe.getsockname()[:2]
+        finally:
+            probe.close()
+        return cls(host, port, app, access_log, listener_fd=fd)
 
     # Kept-alive connections outlive requests: they are tracked so that closing the server also
     # ends them (after their answer in progress, if any), as it did when every answer closed them.

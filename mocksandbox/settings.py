@@ -60,6 +60,9 @@ class Settings(BaseModel):
     allowed_hosts: list[str] = Field(default_factory=list)
     #: Answer requests for any host and from any page (only behind a proxy that checks them).
     allow_any_host: bool = False
+    #: Server processes answering from one address over one control state (``auto``: one per
+    #: usable core). Each has its own launcher and confinement; see ``mocksandbox.workers``.
+    workers: int | Literal["auto"] = 1
 
     # -- the fixture framework's extras --------------------------------------------------------
     #: Serve the control endpoints under ``/_mock/`` (faults, journal, stats, reset).
@@ -136,6 +139,21 @@ class Settings(BaseModel):
         if isinstance(value, str):
             return [part for part in value.split(os.pathsep) if part]
         return value
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _worker_count(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise ValueError("workers must be at least 1 (or auto)")
+        return value
+
+    def worker_count(self) -> int:
+        """How many server processes ``workers`` means on this machine."""
+        if self.workers == "auto":
+            return max(1, len(os.sched_getaffinity(0)))
+        return self.workers
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` applied and validated."""

@@ -23,6 +23,7 @@ instance's commands and tests.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -294,14 +295,17 @@ class InstanceRegistry:
             fingerprint = tree_fingerprint(instance.source) if instance.git_ref is None else instance.git_ref
             key = hashlib.sha256(f"{instance.instance_id}\0{fingerprint}".encode()).hexdigest()[:16]
             dest = bases_dir / f"{_safe_name(instance.instance_id)}-{key}"
-            if (dest / ".git").is_dir():
-                sha = head_commit(dest)
-            else:
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                sha = build_base_repo(instance.source, dest, instance.git_ref)
-                if instance.base_commit and instance.git_ref is None and sha != instance.base_commit:
-                    log.info("instance %s: base commit built as %s (instance.json says %s)",
-                             instance.instance_id, sha, instance.base_commit)  # fmt: skip
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            # Worker processes sharing a state dir build each base once: the others wait for it.
+            with open(dest.parent / f".{dest.name}.lock", "a") as build_lock:
+                fcntl.flock(build_lock, fcntl.LOCK_EX)
+                if (dest / ".git").is_dir():
+                    sha = head_commit(dest)
+                else:
+                    sha = build_base_repo(instance.source, dest, instance.git_ref)
+                    if instance.base_commit and instance.git_ref is None and sha != instance.base_commit:
+                        log.info("instance %s: base commit built as %s (instance.json says %s)",
+                                 instance.instance_id, sha, instance.base_commit)  # fmt: skip
             with self._lock:
                 self._bases[cache_key] = (dest, sha)
             return dest, sha

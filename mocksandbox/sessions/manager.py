@@ -143,6 +143,8 @@ class SessionManager:
         self._isolation: tuple[Isolation, str] | None = None
         #: Instances whose tests were seen to report results here (see ``score``'s ``tests_known_to_run``).
         self._tests_run: set[str] = set()
+        #: One of several processes over a state dir prepared by another (see :meth:`create`).
+        self._shared = False
 
     @classmethod
     def create(
@@ -150,8 +152,13 @@ class SessionManager:
         settings: Settings,
         runner: CommandRunner,
         clock: Callable[[], float] = time.time,
+        shared_state_dir: bool = False,
     ) -> SessionManager:
-        """The session layer for ``settings``: instances loaded and checked, executor chosen."""
+        """The session layer for ``settings``: instances loaded and checked, executor chosen.
+
+        ``shared_state_dir``: this is one of several worker processes over ``settings.state_dir``,
+        which the process that started them prepared and locked (:func:`open_shared_state_dir`):
+        no lock and no recovery here, and every session is locked across processes."""
         registry = InstanceRegistry.from_paths(settings.instances_dirs)
         config = SessionConfig.from_settings(settings)
         executor: SessionExecutor
@@ -162,6 +169,7 @@ class SessionManager:
             base_env["PATH"] = f"{Path(config.python).parent}:{base_env.get('PATH', os.defpath)}"
             executor = LocalExecutor(runner, base_env)
         manager = cls(config, registry, executor, clock)
+        manager._shared = shared_state_dir
         if config.state_dir is not None:
             manager._ensure_open()
         return manager
@@ -187,36 +195,17 @@ class SessionManager:
                     f"state dir {state_dir}: use a path of letters, digits, '_', '.', '-' and '/' only "
                     "(session paths are written into shell commands)"
                 )
-            lock_file = (state_dir / "lock").open("a+")
-            try:
-                fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                lock_file.close()
-                raise StateDirError(
-                    f"state dir {state_dir} is in use by another mocksandbox server"
-                ) from None
-            for sub in ("sessions", "bases", "scratch"):
+            lock_file = None if self._shared else _lock_state_dir(state_dir)
+            for sub in STATE_SUBDIRS:
                 (state_dir / sub).mkdir(exist_ok=True)
             store = SessionStore(state_dir / "sessions.sqlite3")
             self._state_dir, self._store, self._lock_file = state_dir, store, lock_file
-            self._recover(store, state_dir)
+            if not self._shared:  # the process that prepared a shared dir recovered it already
+                recover_state_dir(store, state_dir, self.clock)
             self._stop.clear()
             self._reaper = threading.Thread(target=self._reap_forever, name="mocksandbox-reaper", daemon=True)
             self._reaper.start()
             return store
-
-    def _recover(self, store: SessionStore, state_dir: Path) -> None:
-        """After a restart: live sessions whose work dir is gone are leaked; stray dirs are removed."""
-        known = set()
-        for record in store.all():
-            known.add(record.sid)
-            if record.state == "live" and not (Path(record.root) / "workspace").is_dir():
-                store.update(record.sid, state="leaked", reason="lost", ended_at=self.clock())
-        for child in (state_dir / "sessions").iterdir():
-            if child.name not in known:
-                shutil.rmtree(child, ignore_errors=True)
-        shutil.rmtree(state_dir / "scratch", ignore_errors=True)
-        (state_dir / "scratch").mkdir()
 
     def _reap_forever(self) -> None:
         interval = min(max(self.config.session_ttl_s / 4, 0.5), 30.0)
@@ -228,14 +217,21 @@ class SessionManager:
 
     @contextmanager
     def _session_lock(self, sid: str, blocking: bool = True) -> Iterator[bool]:
+        """One action at a time per session: a lock per thread of this process and, with a shared
+        state dir, a file lock across the worker processes."""
         with self._lock:
             lock = self._session_locks.setdefault(sid, threading.Lock())
-        acquired = lock.acquire(blocking)
+        if not lock.acquire(blocking):
+            yield False
+            return
         try:
-            yield acquired
+            if self._shared and self._state_dir is not None:
+                with _file_lock(self._state_dir / "locks" / sid, blocking) as taken:
+                    yield taken
+            else:
+                yield True
         finally:
-            if acquired:
-                lock.release()
+            lock.release()
 
     # -- the four operations --------------------------------------------------------------------
 
@@ -681,3 +677,93 @@ def _relative_diff_paths(patch: str, workspace_name: str) -> str:
             line = f"diff --git {prefix.sub('a/', first, count=1)} {prefix.sub('b/', second, count=1)}"
         lines.append(line)
     return "".join(lines)
+
+
+#: What a state dir holds besides the SQLite store (``locks``: per-session locks across processes).
+STATE_SUBDIRS = ("sessions", "bases", "scratch", "locks")
+
+
+def _lock_state_dir(state_dir: Path) -> TextIO:
+    """Hold the state dir for this server alone (released when the file is closed)."""
+    lock_file = (state_dir / "lock").open("a+")
+    try:
+        fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock_file.close()
+        raise StateDirError(f"state dir {state_dir} is in use by another mocksandbox server") from None
+    return lock_file
+
+
+@contextmanager
+def _file_lock(path: Path, blocking: bool) -> Iterator[bool]:
+    """An exclusive ``flock`` on ``path`` (created if missing); yields whether it was taken."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def recover_state_dir(store: SessionStore, state_dir: Path, clock: Callable[[], float]) -> None:
+    """After a restart: live sessions whose work dir is gone are leaked; stray dirs are removed."""
+    known = set()
+    for record in store.all():
+        known.add(record.sid)
+        if record.state == "live" and not (Path(record.root) / "workspace").is_dir():
+            store.update(record.sid, state="leaked", reason="lost", ended_at=clock())
+    for child in (state_dir / "sessions").iterdir():
+        if child.name not in known:
+            shutil.rmtree(child, ignore_errors=True)
+    for sub in ("scratch", "locks"):
+        shutil.rmtree(state_dir / sub, ignore_errors=True)
+        (state_dir / sub).mkdir()
+
+
+@dataclass
+class SharedStateDir:
+    """A state dir prepared, recovered and held by the process that starts worker processes over
+    it (each opens it with ``SessionManager.create(..., shared_state_dir=True)``)."""
+
+    path: Path
+    #: Made for this run (no ``state_dir`` configured): removed by :meth:`close`.
+    temporary: bool
+    _lock_file: TextIO
+
+    def close(self) -> None:
+        with suppress(OSError):
+            fcntl.flock(self._lock_file, fcntl.LOCK_UN)
+        self._lock_file.close()
+        if self.temporary:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+def open_shared_state_dir(settings: Settings, clock: Callable[[], float] = time.time) -> SharedStateDir:
+    """Prepare ``settings.state_dir`` (a temporary one if unset) for several worker processes."""
+    temporary = settings.state_dir is None
+    if settings.state_dir is not None:
+        state_dir = Path(settings.state_dir).expanduser().resolve()
+        state_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        state_dir = Path(tempfile.mkdtemp(prefix="mocksandbox-state-", dir=settings.tmp_root)).resolve()
+    if not SAFE_ROOT.match(str(state_dir)):
+        raise StateDirError(
+            f"state dir {state_dir}: use a path of letters, digits, '_', '.', '-' and '/' only "
+            "(session paths are written into shell commands)"
+        )
+    lock_file = _lock_state_dir(state_dir)
+    for sub in STATE_SUBDIRS:
+        (state_dir / sub).mkdir(exist_ok=True)
+    store = SessionStore(state_dir / "sessions.sqlite3")
+    try:
+        recover_state_dir(store, state_dir, clock)
+    finally:
+        store.close()
+    return SharedStateDir(state_dir, temporary, lock_file)

@@ -1,0 +1,292 @@
+"""``mocksandbox serve --workers N``: N server processes answering from one address, one state.
+
+The process model: the *master* (the ``mocksandbox serve`` process) binds the listening socket,
+holds the control state (:class:`~mocksandbox.control.state.LocalControlState`, served to the
+workers by a :class:`~mocksandbox.control.shared.ControlStateServer`) and the sessions' state dir,
+and starts N *workers*: ``python -m mocksandbox.workers``, each inheriting the listening socket and
+accepting from it (the kernel hands each connection to one of them), each with its own app,
+launcher and confinement, and a :class:`~mocksandbox.control.shared.RemoteControlState`. The
+host's process budget is split between them.
+
+Why this and not gunicorn: the server's own request handler (keep-alive with bodies read whole,
+connection resets for faults, the launcher per process) stays as it is, and a worker is a new
+interpreter, not a fork of a process that already runs threads and a launcher.
+
+A worker that dies is replaced, and the journal says so (an ``EVENT`` entry). Ctrl-C (or SIGTERM)
+stops the workers, then the master. Workers answer nothing that the master's state does not see.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from mocksandbox.control.shared import ControlStateServer
+from mocksandbox.control.state import LocalControlState
+from mocksandbox.execution.budget import (
+    ProcessBudget,
+    ProcessLimit,
+    discover_process_limits,
+    plan_process_budget,
+)
+from mocksandbox.settings import Settings
+
+#: Environment variable carrying a worker's settings (JSON), so that no secret or long value shows
+#: on its command line.
+SETTINGS_VARIABLE = "MOCKSANDBOX_WORKER_SETTINGS"
+#: How long a worker may take to be ready (engine, launcher, datasets, instances).
+READY_TIMEOUT_S = 120.0
+#: How often the master looks for workers that died.
+WATCH_INTERVAL_S = 0.2
+
+
+class WorkerStartError(RuntimeError):
+    """A worker could not start; the message is its own reason."""
+
+
+def split_budget(budget: ProcessBudget, workers: int) -> ProcessBudget:
+    """Each worker's share of the host's process budget: all runs of all workers together stay
+    within what the budget gives runs, and no run of one gets more than its worker's share."""
+    if budget.runs_total is None:
+        return budget
+    share = max(1, budget.runs_total // workers)
+    return ProcessBudget(budget.binding, budget.server_reserve, share, min(budget.per_run, share))
+
+
+def bind_listener(host: str, port: int, backlog: int) -> socket.socket:
+    """The listening socket every worker accepts from (non-blocking: a worker that loses the race
+    for a connection goes back to waiting instead of blocking in ``accept``)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+        listener.listen(backlog)
+    except OSError:
+        listener.close()
+        raise
+    listener.setblocking(False)
+    listener.set_inheritable(True)
+    return listener
+
+
+class Worker:
+    """One worker process and what the master knows of it."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.name = f"worker-{index}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+
+class WorkerPool:
+    """The master's side: the listening socket, the state, and N workers kept alive."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        count: int,
+        say: Callable[[str], None] = print,
+    ) -> None:
+        from mocksandbox.core import MockSandbox, capacity_from_settings
+        from mocksandbox.server import LISTEN_BACKLOG
+        from mocksandbox.sessions.manager import open_shared_state_dir
+
+        self.count = count
+        self.say = say
+        self._stopping = threading.Event()
+        self.budget = plan_process_budget(discover_process_limits(), settings.max_processes)
+        self.worker_budget = split_budget(self.budget, count)
+        self.listener = bind_listener(settings.host, settings.port, LISTEN_BACKLOG)
+        try:
+            self.state = LocalControlState(settings.journal_limit, capacity_from_settings(settings))
+            self.state.reset(MockSandbox.configured_faults(settings), capacity_from_settings(settings))
+            self.state_dir = open_shared_state_dir(settings)
+        except BaseException:
+            self.listener.close()
+            raise
+        self.control = ControlStateServer(self.state)
+        # Workers see the shared state dir as configured, and bind nothing themselves.
+        self.settings = settings.replace(state_dir=str(self.state_dir.path), workers=1)
+        self.workers = [Worker(i + 1) for i in range(count)]
+
+    @property
+    def url(self) -> str:
+        host, port = self.listener.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        return f"http://{shown}:{port}"
+
+    def _spawn(self, worker: Worker, banner: bool) -> list[str]:
+        """Start ``worker`` and wait until it is ready; its banner lines if asked for."""
+        ready_read, ready_write = os.pipe()
+        env = {**os.environ, SETTINGS_VARIABLE: self.settings.model_dump_json()}
+        command = [
+            sys.executable,
+            "-m",
+            "mocksandbox.workers",
+            "--listen-fd",
+            str(self.listener.fileno()),
+            "--ready-fd",
+            str(ready_write),
+            "--control",
+            self.control.path,
+            "--name",
+            worker.name,
+            "--budget",
+            json.dumps(asdict(self.worker_budget)),
+        ]
+        if banner:
+            command.append("--banner")
+        try:
+            worker.process = subprocess.Popen(
+                command, pass_fds=(self.listener.fileno(), ready_write), env=env, stdin=subprocess.DEVNULL
+            )
+        finally:
+            os.close(ready_write)
+        with os.fdopen(ready_read, "rb") as ready:
+            line = _read_line(ready, READY_TIMEOUT_S)
+        if not line:
+            code = worker.process.poll()
+            raise WorkerStartError(f"{worker.name} did not start (exit status {code})")
+        message = json.loads(line)
+        if "error" in message:
+            worker.process.wait()
+            raise WorkerStartError(message["error"])
+        lines: list[str] = message.get("banner", [])
+        return lines
+
+    def start(self) -> list[str]:
+        """Start every worker; the first one's description of the sandbox (banner lines)."""
+        banner: list[str] = []
+        for worker in self.workers:
+            lines = self._spawn(worker, banner=worker.index == 1)
+            if worker.index == 1:
+                banner = lines
+        return banner
+
+    def watch(self) -> None:
+        """Replace workers that die, until :meth:`stop`; each replacement goes in the journal."""
+        while not self._stopping.wait(WATCH_INTERVAL_S):
+            for worker in self.workers:
+                process = worker.process
+                if process is None or process.poll() is None or self._stopping.is_set():
+                    continue
+                status = process.returncode
+                how = f"killed by signal {-status}" if status < 0 else f"exit status {status}"
+                try:
+                    self._spawn(worker, banner=False)
+                except (WorkerStartError, OSError) as exc:
+                    text = f"{worker.name} (pid {process.pid}) died ({how}); replacing it failed: {exc}"
+                else:
+                    assert worker.process is not None
+                    text = (
+                        f"{worker.name} (pid {process.pid}) died ({how}); "
+                        f"replaced by pid {worker.process.pid}"
+                    )
+                self.state.journal.note_event(text, worker.name)
+                self.say(f"mocksandbox: {text}")
+
+    def stop(self) -> None:
+        """Stop the workers (SIGTERM, then SIGKILL after a grace period) and release everything."""
+        self._stopping.set()
+        for worker in self.workers:
+            if worker.process is not None and worker.process.poll() is None:
+                worker.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        for worker in self.workers:
+            if worker.process is None:
+                continue
+            try:
+                worker.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                worker.process.kill()
+                worker.process.wait()
+        self.control.close()
+        self.listener.close()
+        self.state_dir.close()
+
+
+def _read_line(stream: Any, timeout: float) -> bytes:
+    """One line from a pipe, or what came before it closed; ``b""`` after ``timeout``."""
+    result: list[bytes] = []
+    reader = threading.Thread(target=lambda: result.append(stream.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return result[0] if result else b""
+
+
+# -- the worker process ------------------------------------------------------------------------------
+
+
+def _worker_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mocksandbox.workers")
+    parser.add_argument("--listen-fd", type=int, required=True)
+    parser.add_argument("--ready-fd", type=int, required=True)
+    parser.add_argument("--control", required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--budget", required=True)
+    parser.add_argument("--banner", action="store_true")
+    args = parser.parse_args(argv)
+    ready = os.fdopen(args.ready_fd, "w")
+
+    def tell(message: dict[str, Any]) -> None:
+        ready.write(json.dumps(message) + "\n")
+        ready.flush()
+
+    from mocksandbox.cli import sandbox_banner
+    from mocksandbox.control.shared import RemoteControlState
+    from mocksandbox.core import MockSandbox
+    from mocksandbox.server import MockServer
+    from mocksandbox.sessions import SessionError
+    from mocksandbox.web import create_app
+
+    settings = Settings.model_validate_json(os.environ.pop(SETTINGS_VARIABLE))
+    budget_data = json.loads(args.budget)
+    binding = budget_data.pop("binding")
+    budget = ProcessBudget(binding=None if binding is None else ProcessLimit(**binding), **budget_data)
+    try:
+        control = RemoteControlState(args.control)
+        sandbox = MockSandbox.create(
+            settings, control=control, worker_name=args.name, process_budget=budget, shared_state_dir=True
+        )
+    except Exception as exc:
+        tell({"error": f"{args.name}: cannot start: {exc}"})
+        return 2
+    try:
+        banner = sandbox_banner(sandbox, settings) if args.banner else []
+    except SessionError as exc:
+        sandbox.close()
+        tell({"error": str(exc)})
+        return 2
+    server = MockServer.from_listener(args.listen_fd, create_app(sandbox), access_log=settings.access_log)
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the master's Ctrl-C reaches the whole group
+    tell({"ready": True, "banner": banner})
+    ready.close()
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        sandbox.close()
+        control.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main(sys.argv[1:]))

@@ -1,0 +1,189 @@
+"""``mocksandbox serve --workers 2``: two processes answer from one address over one control state.
+
+Each guarantee of the control API is checked against a real two-worker server with concurrent
+clients (new connections each, so that the kernel spreads them over both workers): the journal in
+arrival order, the cap exact, fault schedules counted across workers, reset for all, swedev sessions
+from any worker; and a killed worker is replaced while the other keeps answering.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psutil
+import pytest
+import requests
+
+from mocksandbox.sessions import InstanceRegistry
+from mocksandbox.sessions.scripted import diff_block
+
+pytestmark = pytest.mark.slow
+
+NO_PROXY = {"http": "", "https": ""}
+
+
+@dataclass
+class Served:
+    url: str
+    process: subprocess.Popen[str]
+    banner: str
+
+    def post(self, path: str, body: object, timeout: float = 120) -> requests.Response:
+        # A new connection per request: the workers share the listening socket, not connections.
+        return requests.post(self.url + path, json=body, timeout=timeout, proxies=NO_PROXY)
+
+    def get(self, path: str) -> requests.Response:
+        return requests.get(self.url + path, timeout=30, proxies=NO_PROXY)
+
+    def run(self, code: str, **fields: object) -> requests.Response:
+        return self.post("/run_code", {"code": code, "language": "python", **fields})
+
+    def workers(self) -> list[psutil.Process]:
+        return [
+            child
+            for child in psutil.Process(self.process.pid).children()
+            if "mocksandbox.workers" in " ".join(child.cmdline())
+        ]
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mocksandbox.cli", "serve", "--port", "0", "--workers", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "NO_PROXY": "127.0.0.1"},
+    )
+    assert process.stdout is not None
+    lines = []
+    while not lines or not lines[-1].startswith("  press Ctrl-C"):
+        line = process.stdout.readline()
+        if not line:
+            pytest.fail("the server did not start:\n" + "".join(lines))
+        lines.append(line)
+    match = re.search(r"serving on (http://\S+) with 2 workers", lines[0])
+    assert match, lines[0]
+    server = Served(match.group(1), process, "".join(lines))
+    try:
+        yield server
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(autouse=True)
+def _reset(served: Served) -> None:
+    served.post("/_mock/reset", {}).raise_for_status()
+
+
+def test_banner_and_both_workers_alive(served: Served) -> None:
+    assert "workers: 2, one control state" in served.banner
+    assert "process budget:" in served.banner and "confinement:" in served.banner
+    assert len(served.workers()) == 2
+
+
+def test_one_journal_in_arrival_order(served: Served) -> None:
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda i: served.run(f"print({i})").json(), range(120)))
+    assert [a["run_result"]["stdout"] for a in answers] == [f"{i}\n" for i in range(120)]
+    entries = served.get("/_mock/journal").json()["entries"]
+    assert [e["id"] for e in entries] == list(range(1, 121))
+    assert all(e["worker"] in ("worker-1", "worker-2") for e in entries)
+    starts = [e["started"] for e in entries]
+    assert starts == sorted(starts)
+    stats = served.get("/_mock/stats").json()
+    assert stats["requests_total"] == 120 and stats["by_status"] == {"200": 120} and stats["in_flight"] == 0
+
+
+def test_the_cap_holds_across_workers(served: Served) -> None:
+    served.post("/_mock/reset", {})
+    assert requests.put(served.url + "/_mock/capacity", json={"max_in_flight": 3}, proxies=NO_PROXY).ok
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        replies = list(pool.map(lambda _: served.run("import time; time.sleep(1)"), range(12)))
+    statuses = [r.status_code for r in replies]
+    stats = served.get("/_mock/stats").json()
+    assert stats["max_in_flight"] <= 3
+    assert statuses.count(429) == stats["rejected_by_cap"] == stats["by_status"].get("429", 0)
+    assert statuses.count(200) + statuses.count(429) == 12 and statuses.count(200) >= 3
+    points = served.get("/_mock/timeline").json()["points"]
+    assert max(count for _, count in points) <= 3
+
+
+def test_fault_schedules_count_across_workers(served: Served) -> None:
+    rules = [
+        {"name": "first-two", "match": {"path": "/run_code"}, "action": {"type": "status", "status": 503},
+         "schedule": {"first": 2}},
+        {"name": "every-fifth", "match": {"path": "/run_code"}, "action": {"type": "status", "status": 502},
+         "schedule": {"every": 5}},
+    ]  # fmt: skip
+    assert served.post("/_mock/faults", rules).status_code == 201
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        statuses = list(pool.map(lambda i: served.run(f"print({i})").status_code, range(42)))
+    assert statuses.count(503) == 2
+    assert statuses.count(502) == 40 // 5  # every-fifth sees the 40 that first-two let through
+    fired = {rule["id"]: rule["fired"] for rule in served.get("/_mock/faults").json()["faults"]}
+    assert fired == {"first-two": 2, "every-fifth": 8}
+
+
+def test_reset_is_for_all_workers(served: Served) -> None:
+    served.post("/_mock/faults", {"action": {"type": "status", "status": 500}})
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda _: served.run("print(1)"), range(16)))
+    served.post("/_mock/reset", {})
+    assert served.get("/_mock/faults").json()["faults"] == []
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        statuses = list(pool.map(lambda _: served.run("print(1)").status_code, range(16)))
+    assert statuses == [200] * 16
+    assert served.get("/_mock/stats").json()["requests_total"] == 16
+
+
+def test_swedev_sessions_from_any_worker(served: Served) -> None:
+    """Several sessions at once, each action on a new connection (so either worker may serve it)."""
+    instance = next(i for i in InstanceRegistry.from_paths([]).all() if i.instance_id == "acme__pagekit-17")
+    gold = instance.patch
+
+    def episode(_: int) -> dict[str, object]:
+        sid = served.post("/start_instance", {"instance_id": instance.instance_id}).json()["sid"]
+        for command in ("pwd", "git status --short", "ls"):
+            call = f"<function=execute_bash>\n<parameter=command>{command}</parameter>\n</function>"
+            assert served.post("/process_action", {"sid": sid, "content": call}).ok
+        assert served.post("/process_action", {"sid": sid, "content": diff_block(gold)}).ok
+        reward: dict[str, object] = served.post("/compute_reward", {"sid": sid}).json()
+        return reward
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        rewards = list(pool.map(episode, range(4)))
+    assert [r["reward"] for r in rewards] == [1.0] * 4
+    workers = {e["worker"] for e in served.get("/_mock/journal").json()["entries"]}
+    assert workers <= {"worker-1", "worker-2"}
+
+
+def test_a_killed_worker_is_replaced_and_the_other_keeps_answering(served: Served) -> None:
+    victim = served.workers()[0]
+    victim.kill()
+    victim.wait(10)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda i: served.run(f"print({i})"), range(24)))
+    assert [a.status_code for a in answers] == [200] * 24
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        events = [e for e in served.get("/_mock/journal").json()["entries"] if e["method"] == "EVENT"]
+        if events and len(served.workers()) == 2:
+            break
+        time.sleep(0.2)
+    assert f"(pid {victim.pid}) died (killed by signal 9); replaced by pid" in events[0]["body"]
+    assert len(served.workers()) == 2
+    assert served.run("print(6*7)").json()["run_result"]["stdout"] == "42\n"
