@@ -141,9 +141,7 @@ def sandbox_banner(sandbox: MockSandbox, settings: Settings) -> list[str]:
         f"  confinement: {sandbox.engine.confinement_name}",
         f"  process budget: {sandbox.confinement.budget.describe()}",
     ]
-    memory_budget = getattr(sandbox.confinement, "memory_budget", None)
-    if memory_budget is not None:
-        lines.append(f"  memory budget: {memory_budget.describe()}")
+    lines.append(f"  memory budget: {sandbox.confinement.memory_budget.describe()}")
     lines.append(f"  user python: {settings.python} (exec mode: {settings.exec_mode})")
     if settings.max_in_flight:
         lines.append(f"  cap: {settings.max_in_flight} in flight, then {settings.overload}")
@@ -193,13 +191,18 @@ def _serve_workers(settings: Settings) -> int:
         banner = pool.start()
         print(f"mocksandbox {__version__} serving on {pool.url} with {count} workers", flush=True)
         for line in banner:
-            if line.startswith("  process budget:"):  # the first worker's share: say the whole
+            # The first worker describes its share of the budgets: say the whole instead.
+            if line.startswith("  process budget:"):
                 line = f"  process budget: {pool.budget.describe()}"
+            elif line.startswith("  memory budget:"):
+                line = f"  memory budget: {pool.memory_budget.describe()}"
             print(line, flush=True)
-        share = pool.worker_budget
+        share, memory = pool.worker_budget, pool.worker_memory_budget
         print(
-            f"  workers: {count}, one control state; each worker's runs: {share.runs_total} "
-            f"processes together, {share.per_run} per run",
+            f"  workers: {count}, one control state; each worker's runs: "
+            f"{share.runs_total if share.runs_total is not None else 'any number of'} processes "
+            f"together, {share.per_run} per run"
+            + ("" if memory.runs_total is None else f"; {memory.runs_total // (1 << 20)} MiB together"),
             flush=True,
         )
         print("  press Ctrl-C to stop", flush=True)

@@ -19,7 +19,7 @@ from mocksandbox.control.state import (
     select_entries,
 )
 from mocksandbox.datasets import DatasetService
-from mocksandbox.execution.budget import ProcessBudget
+from mocksandbox.execution.budget import MemoryBudget, ProcessBudget
 from mocksandbox.execution.confinement import Confinement
 from mocksandbox.execution.engine import ExecutionEngine, create_engine
 from mocksandbox.faults import FaultRule, FaultSpec, load_fault_file, parse_fault_specs, validate_fault_spec
@@ -85,16 +85,18 @@ class MockSandbox:
         worker_name: str | None = None,
         process_budget: ProcessBudget | None = None,
         shared_state_dir: bool = False,
+        memory_budget: MemoryBudget | None = None,
     ) -> MockSandbox:
         """A sandbox with the real engine, confined as the host allows.
 
         One of several worker processes (see :mod:`mocksandbox.workers`) passes the ``control``
-        state they share, its ``worker_name``, its share of the host's ``process_budget``, and
-        ``shared_state_dir`` (the sessions' state dir, prepared by the process that started it).
+        state they share, its ``worker_name``, its share of the host's ``process_budget`` and
+        ``memory_budget``, and ``shared_state_dir`` (the sessions' state dir, prepared by the
+        process that started it).
         """
         settings = settings or load_settings()
         baseline = cls.configured_faults(settings)  # fail on a bad fault file before any set-up
-        engine, confinement, launcher = create_engine(settings, process_budget)
+        engine, confinement, launcher = create_engine(settings, process_budget, memory_budget)
         try:  # instances are loaded and checked, a configured state dir is opened (and locked)
             datasets = DatasetService.from_settings(settings, engine)  # dataset files are read and checked
             sessions = SessionManager.create(settings, engine.runner, shared_state_dir=shared_state_dir)

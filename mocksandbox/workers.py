@@ -19,6 +19,7 @@ stops the workers, then the master. Workers answer nothing that the master's sta
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -28,15 +29,18 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict
-from typing import Any
+from typing import Any, TypeVar
 
 from mocksandbox.control.shared import ControlStateServer
 from mocksandbox.control.state import LocalControlState
 from mocksandbox.execution.budget import (
+    MemoryBudget,
+    MemoryLimit,
     ProcessBudget,
     ProcessLimit,
+    discover_memory_limits,
     discover_process_limits,
+    plan_memory_budget,
     plan_process_budget,
 )
 from mocksandbox.settings import Settings
@@ -54,13 +58,35 @@ class WorkerStartError(RuntimeError):
     """A worker could not start; the message is its own reason."""
 
 
-def split_budget(budget: ProcessBudget, workers: int) -> ProcessBudget:
-    """Each worker's share of the host's process budget: all runs of all workers together stay
-    within what the budget gives runs, and no run of one gets more than its worker's share."""
+B = TypeVar("B", ProcessBudget, MemoryBudget)
+
+
+def split_budget(budget: B, workers: int) -> B:
+    """Each worker's share of a host budget (processes or memory): all runs of all workers together
+    stay within what the budget gives runs, and no run of one gets more than its worker's share."""
     if budget.runs_total is None:
         return budget
     share = max(1, budget.runs_total // workers)
-    return ProcessBudget(budget.binding, budget.server_reserve, share, min(budget.per_run, share))
+    return dataclasses.replace(budget, runs_total=share, per_run=min(budget.per_run, share))
+
+
+def budget_to_json(budget: ProcessBudget | MemoryBudget) -> str:
+    return json.dumps(dataclasses.asdict(budget))
+
+
+def _budget_fields(text: str) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    data = json.loads(text)
+    return data.pop("binding"), data
+
+
+def process_budget_from_json(text: str) -> ProcessBudget:
+    binding, fields = _budget_fields(text)
+    return ProcessBudget(binding=None if binding is None else ProcessLimit(**binding), **fields)
+
+
+def memory_budget_from_json(text: str) -> MemoryBudget:
+    binding, fields = _budget_fields(text)
+    return MemoryBudget(binding=None if binding is None else MemoryLimit(**binding), **fields)
 
 
 def bind_listener(host: str, port: int, backlog: int) -> socket.socket:
@@ -107,6 +133,8 @@ class WorkerPool:
         self._stopping = threading.Event()
         self.budget = plan_process_budget(discover_process_limits(), settings.max_processes)
         self.worker_budget = split_budget(self.budget, count)
+        self.memory_budget = plan_memory_budget(discover_memory_limits(), settings.max_memory_mb)
+        self.worker_memory_budget = split_budget(self.memory_budget, count)
         self.listener = bind_listener(settings.host, settings.port, LISTEN_BACKLOG)
         try:
             self.state = LocalControlState(settings.journal_limit, capacity_from_settings(settings))
@@ -143,7 +171,9 @@ class WorkerPool:
             "--name",
             worker.name,
             "--budget",
-            json.dumps(asdict(self.worker_budget)),
+            budget_to_json(self.worker_budget),
+            "--memory-budget",
+            budget_to_json(self.worker_memory_budget),
         ]
         if banner:
             command.append("--banner")
@@ -235,6 +265,7 @@ def _worker_main(argv: list[str]) -> int:
     parser.add_argument("--control", required=True)
     parser.add_argument("--name", required=True)
     parser.add_argument("--budget", required=True)
+    parser.add_argument("--memory-budget", required=True)
     parser.add_argument("--banner", action="store_true")
     args = parser.parse_args(argv)
     ready = os.fdopen(args.ready_fd, "w")
@@ -251,13 +282,17 @@ def _worker_main(argv: list[str]) -> int:
     from mocksandbox.web import create_app
 
     settings = Settings.model_validate_json(os.environ.pop(SETTINGS_VARIABLE))
-    budget_data = json.loads(args.budget)
-    binding = budget_data.pop("binding")
-    budget = ProcessBudget(binding=None if binding is None else ProcessLimit(**binding), **budget_data)
+    budget = process_budget_from_json(args.budget)
+    memory_budget = memory_budget_from_json(args.memory_budget)
     try:
         control = RemoteControlState(args.control)
         sandbox = MockSandbox.create(
-            settings, control=control, worker_name=args.name, process_budget=budget, shared_state_dir=True
+            settings,
+            control=control,
+            worker_name=args.name,
+            process_budget=budget,
+            memory_budget=memory_budget,
+            shared_state_dir=True,
         )
     except Exception as exc:
         tell({"error": f"{args.name}: cannot start: {exc}"})

@@ -1,48 +1,64 @@
-"""How many processes the server's runs may have: the server's own limits, read at start-up.
+"""What the server's runs may use, processes and memory: the server's own limits, read at start-up.
 
-A server usually lives under a process budget it did not choose: a container's or a systemd
-unit's ``pids.max`` (cgroup v1 or v2, on its own cgroup or any above it), the kernel's
-``pid_max`` and ``threads-max``, and for a non-root user ``RLIMIT_NPROC``. Every process and
-thread of every run counts against the same budget as the server's own threads (one per
-connection), its launcher and the relays it forks. If the runs in flight could use all of it, a
-single fork bomb would leave the server unable to start the next run, or a thread to answer it.
+A server usually lives under budgets it did not choose: a container's or a systemd unit's
+``pids.max`` and memory limit (cgroup v1 or v2, on its own cgroup or any above it), the kernel's
+``pid_max`` and ``threads-max``, and for a non-root user ``RLIMIT_NPROC``. Every process, thread and
+byte of every run counts against the same budget as the server's own threads (one per connection),
+its launcher, the relays it forks and its Jupyter kernels. If the runs in flight could use all of
+it, a single fork bomb would leave the server unable to start the next run, or a thread to answer
+it; and a run of many processes, each smaller than the server, would drive the server's memory
+cgroup to its limit, where the kernel's OOM killer takes the largest task: possibly the server.
 
-So the budget is split once, at start-up: a reserve for the server (a quarter of the headroom,
-at least :data:`MIN_SERVER_RESERVE`), the rest for all runs together (the ``pids.max`` of the
-cgroup that holds every run's cgroup, so that runs together cannot take more), and each run at
-most an eighth of that (:data:`RUNS_PER_SHARE`): a fork bomb takes its share and no more, and the
-ordinary runs beside it still find room.
+So each budget is split once, at start-up: a reserve for the server (a quarter of the headroom, at
+least :data:`MIN_SERVER_RESERVE` processes or :data:`MIN_SERVER_MEMORY_RESERVE` bytes), the rest
+for all runs together (the limits of the cgroups that hold every run's cgroup, so that runs
+together cannot take more, and an OOM they cause happens among them), and each run at most an
+eighth of the processes (:data:`RUNS_PER_SHARE`: a fork bomb takes its share and no more, and the
+ordinary runs beside it still find room) and at most all of the runs' memory.
+
+The machine's physical memory is deliberately not a budget: what is free at start-up says little
+about the server's whole life, and the kernel's global OOM handling is the backstop there (every
+program is its first choice, see ``forkserver.py``).
 """
 
 from __future__ import annotations
 
 import os
 import resource
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar, Generic, TypeVar
 
 #: Processes and threads kept for the server itself (request threads, launcher, relays on their
 #: way into a run's cgroup, kernels, git) whatever the budget: at least this many...
 MIN_SERVER_RESERVE = 64
-#: ...and at least this fraction of the headroom.
+#: ...and at least this fraction of the headroom (of processes and of memory alike).
 SERVER_RESERVE_FRACTION = 0.25
-#: One run may use at most 1/N of what all runs together may use: N-1 fork bombs at once still
-#: leave room for ordinary runs.
+#: One run may use at most 1/N of the processes all runs together may use: N-1 fork bombs at once
+#: still leave room for ordinary runs.
 RUNS_PER_SHARE = 8
 #: No run gets fewer than this (a shell and a pipeline, a small JVM's threads); a host whose budget
 #: is smaller than that cannot honestly promise anything, and says so.
 MIN_PER_RUN = 16
 
+MIB = 1024 * 1024
+#: Memory kept for the server itself (its own growth, the launcher, Jupyter kernels, git): at least
+#: this much, and at least :data:`SERVER_RESERVE_FRACTION` of the headroom.
+MIN_SERVER_MEMORY_RESERVE = 256 * MIB
+#: All runs together get at least this much memory (an interpreter and a small program).
+MIN_RUNS_MEMORY = 64 * MIB
+#: A memory limit at least this large is "no limit": cgroup v1 reports an unlimited group as
+#: ``PAGE_COUNTER_MAX`` pages, just under 2**63 bytes.
+NO_MEMORY_LIMIT = 1 << 62
+
 
 @dataclass(frozen=True)
-class ProcessLimit:
-    """One limit on the number of processes (threads included) the server and its runs may have."""
-
+class _Limit:
     #: Where it comes from, e.g. ``cgroup v1 pids.max of /ci-job`` or ``kernel.pid_max``.
     source: str
     limit: int
-    #: How many of them were in use when it was read.
+    #: How much of it was in use when it was read.
     in_use: int
 
     @property
@@ -51,11 +67,24 @@ class ProcessLimit:
 
 
 @dataclass(frozen=True)
-class ProcessBudget:
-    """What the runs may use, derived from the tightest :class:`ProcessLimit`."""
+class ProcessLimit(_Limit):
+    """One limit on the number of processes (threads included) the server and its runs may have."""
 
+
+@dataclass(frozen=True)
+class MemoryLimit(_Limit):
+    """One limit, in bytes, on the memory the server and its runs may use together. ``in_use``
+    leaves out the page cache the kernel can drop at once (inactive files), as ``docker stats``
+    and the kubelet do."""
+
+
+L = TypeVar("L", bound=_Limit)
+
+
+@dataclass(frozen=True)
+class _Budget(Generic[L]):
     #: The limit with the least headroom (``None``: nothing bounds the server).
-    binding: ProcessLimit | None
+    binding: L | None
     #: Kept for the server itself.
     server_reserve: int
     #: What every run in flight together may use (``None``: unbounded).
@@ -63,28 +92,72 @@ class ProcessBudget:
     #: What one run may use.
     per_run: int
 
+    #: What is counted, for "no ... limit found".
+    _counted: ClassVar[str] = ""
+
+    @staticmethod
+    def _amount(value: int) -> str:
+        return str(value)
+
     def describe(self) -> str:
         """One line for the start-up banner."""
         if self.binding is None or self.runs_total is None:
-            return "no process limit found"
-        b = self.binding
+            return f"no {self._counted} limit found"
+        b, amount = self.binding, self._amount
         return (
-            f"{b.limit} ({b.source}), {b.in_use} in use; {self.server_reserve} kept for the server, "
-            f"{self.runs_total} for all runs together, {self.per_run} per run"
+            f"{amount(b.limit)} ({b.source}), {amount(b.in_use)} in use; "
+            f"{amount(self.server_reserve)} kept for the server, "
+            f"{amount(self.runs_total)} for all runs together, {amount(self.per_run)} per run"
         )
+
+
+@dataclass(frozen=True)
+class ProcessBudget(_Budget[ProcessLimit]):
+    """How many processes the runs may have, derived from the tightest :class:`ProcessLimit`."""
+
+    _counted: ClassVar[str] = "process"
+
+
+@dataclass(frozen=True)
+class MemoryBudget(_Budget[MemoryLimit]):
+    """How many bytes the runs may use, derived from the tightest :class:`MemoryLimit`."""
+
+    _counted: ClassVar[str] = "memory"
+
+    @staticmethod
+    def _amount(value: int) -> str:
+        return f"{value // MIB} MiB"
+
+
+def _split(limits: list[L], min_reserve: int, min_runs: int) -> tuple[L, int, int] | None:
+    """The tightest of ``limits``, what the server keeps of its headroom, and what all runs get."""
+    if not limits:
+        return None
+    binding = min(limits, key=lambda lim: lim.headroom)
+    reserve = max(min_reserve, int(binding.headroom * SERVER_RESERVE_FRACTION))
+    return binding, reserve, max(min_runs, binding.headroom - reserve)
 
 
 def plan_process_budget(limits: list[ProcessLimit], max_processes: int) -> ProcessBudget:
     """Split the tightest of ``limits`` between the server and its runs; ``max_processes`` (the
     setting) bounds what one run may have in any case."""
-    if not limits:
+    split = _split(limits, MIN_SERVER_RESERVE, MIN_PER_RUN)
+    if split is None:
         return ProcessBudget(None, 0, None, max_processes)
-    binding = min(limits, key=lambda lim: lim.headroom)
-    headroom = binding.headroom
-    reserve = max(MIN_SERVER_RESERVE, int(headroom * SERVER_RESERVE_FRACTION))
-    runs_total = max(MIN_PER_RUN, headroom - reserve)
+    binding, reserve, runs_total = split
     per_run = max(MIN_PER_RUN, min(max_processes, runs_total // RUNS_PER_SHARE))
     return ProcessBudget(binding, reserve, runs_total, min(per_run, max_processes))
+
+
+def plan_memory_budget(limits: list[MemoryLimit], max_memory_mb: int) -> MemoryBudget:
+    """Split the tightest of ``limits`` between the server and its runs; ``max_memory_mb`` (the
+    setting) bounds what one run may use in any case."""
+    max_memory = max_memory_mb * MIB
+    split = _split(limits, MIN_SERVER_MEMORY_RESERVE, MIN_RUNS_MEMORY)
+    if split is None:
+        return MemoryBudget(None, 0, None, max_memory)
+    binding, reserve, runs_total = split
+    return MemoryBudget(binding, reserve, runs_total, min(max_memory, runs_total))
 
 
 def discover_process_limits(
@@ -92,8 +165,8 @@ def discover_process_limits(
 ) -> list[ProcessLimit]:
     """Every limit on this process's process count that can be read here (none is an error)."""
     found: list[ProcessLimit] = []
-    found += _cgroup_v1_limits(proc, sys_fs)
-    found += _cgroup_v2_limits(proc)
+    found += _cgroup_v1_limits(proc, sys_fs, "pids", _pids_limit)
+    found += _cgroup_v2_limits(proc, _pids_limit)
     tasks = _count_tasks(proc)
     for name in ("pid_max", "threads-max"):
         value = _read_int(proc / "sys" / "kernel" / name)
@@ -106,12 +179,72 @@ def discover_process_limits(
     return found
 
 
+def discover_memory_limits(
+    proc: Path = Path("/proc"), sys_fs: Path = Path("/sys/fs/cgroup")
+) -> list[MemoryLimit]:
+    """Every memory cgroup limit on this process that can be read here (none is an error)."""
+    return _cgroup_v1_limits(proc, sys_fs, "memory", _memory_v1_limit) + _cgroup_v2_limits(
+        proc, _memory_v2_limit
+    )
+
+
 def _read_int(path: Path) -> int | None:
     try:
         text = path.read_text().strip()
     except OSError:
         return None
     return int(text) if text.isdigit() else None
+
+
+def _stat_value(path: Path, key: str) -> int:
+    """One counter of a ``memory.stat`` file (0 if absent)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return 0
+    for line in lines:
+        name, _, value = line.partition(" ")
+        if name == key and value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+# -- the cgroup tree: one walk, a reader per limit ---------------------------------------------------
+
+#: Reads one limit off the cgroup directory it is given (``label`` and ``shown`` name it, e.g.
+#: ``cgroup v1`` and ``/ci-job``); ``None`` where that cgroup sets none.
+_Reader = Callable[[Path, str, str], L | None]
+
+
+def _pids_limit(directory: Path, label: str, shown: str) -> ProcessLimit | None:
+    limit = _read_int(directory / "pids.max")  # "max" (no limit) reads as None
+    in_use = _read_int(directory / "pids.current")
+    if limit is None or in_use is None:
+        return None
+    return ProcessLimit(f"{label} pids.max of {shown}", limit, in_use)
+
+
+def _memory_limit(
+    directory: Path, source: str, limit_file: str, usage_file: str, inactive_file: str
+) -> MemoryLimit | None:
+    limit = _read_int(directory / limit_file)  # v2's "max" (no limit) reads as None
+    usage = _read_int(directory / usage_file)
+    if limit is None or usage is None or limit >= NO_MEMORY_LIMIT:
+        return None
+    reclaimable = _stat_value(directory / "memory.stat", inactive_file)
+    return MemoryLimit(source, limit, max(0, usage - reclaimable))
+
+
+def _memory_v1_limit(directory: Path, label: str, shown: str) -> MemoryLimit | None:
+    source = f"{label} memory.limit_in_bytes of {shown}"
+    return _memory_limit(
+        directory, source, "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"
+    )
+
+
+def _memory_v2_limit(directory: Path, label: str, shown: str) -> MemoryLimit | None:
+    source = f"{label} memory.max of {shown}"
+    return _memory_limit(directory, source, "memory.max", "memory.current", "inactive_file")
 
 
 def _own_cgroups(proc: Path) -> Iterator[tuple[str, str]]:
@@ -126,26 +259,25 @@ def _own_cgroups(proc: Path) -> Iterator[tuple[str, str]]:
             yield parts[1], parts[2]
 
 
-def _limits_up_from(mount: Path, path: str, label: str) -> list[ProcessLimit]:
-    """``pids.max`` of the cgroup at ``path`` under ``mount`` and of every cgroup above it."""
+def _limits_up_from(mount: Path, path: str, label: str, read: _Reader[L]) -> list[L]:
+    """What ``read`` finds in the cgroup at ``path`` under ``mount`` and in every cgroup above it."""
     found = []
     current = (mount / path.lstrip("/")).resolve()
     mount = mount.resolve()
     while True:
-        limit = _read_int(current / "pids.max")  # "max" (no limit) reads as None
-        in_use = _read_int(current / "pids.current")
-        if limit is not None and in_use is not None:
-            shown = "/" + str(current.relative_to(mount)) if current != mount else "/"
-            found.append(ProcessLimit(f"{label} pids.max of {shown}", limit, in_use))
+        shown = "/" + str(current.relative_to(mount)) if current != mount else "/"
+        limit = read(current, label, shown)
+        if limit is not None:
+            found.append(limit)
         if current == mount or current.parent == current:
             return found
         current = current.parent
 
 
-def _cgroup_v1_limits(proc: Path, sys_fs: Path) -> list[ProcessLimit]:
+def _cgroup_v1_limits(proc: Path, sys_fs: Path, controller: str, read: _Reader[L]) -> list[L]:
     for controllers, path in _own_cgroups(proc):
-        if "pids" in controllers.split(","):
-            return _limits_up_from(sys_fs / "pids", path, "cgroup v1")
+        if controller in controllers.split(","):
+            return _limits_up_from(sys_fs / controller, path, "cgroup v1", read)
     return []
 
 
@@ -161,13 +293,13 @@ def _cgroup_v2_mount(proc: Path) -> Path | None:
     return None
 
 
-def _cgroup_v2_limits(proc: Path) -> list[ProcessLimit]:
+def _cgroup_v2_limits(proc: Path, read: _Reader[L]) -> list[L]:
     mount = _cgroup_v2_mount(proc)
     if mount is None:
         return []
     for controllers, path in _own_cgroups(proc):
         if controllers == "":
-            return _limits_up_from(mount, path, "cgroup v2")
+            return _limits_up_from(mount, path, "cgroup v2", read)
     return []
 
 

@@ -5,7 +5,8 @@ Two implementations behind one small interface:
 * :class:`CgroupConfinement` (cgroup v1 ``pids``, ``memory`` and ``freezer``): a cgroup per run caps
   its process count (a fork bomb hits ``pids.max``) and memory (a hog is OOM-killed, rc -9), and
   lets the whole tree be frozen and killed, including children that called ``setsid`` or
-  double-forked. Works for root, which rlimits like ``RLIMIT_NPROC`` do not bind.
+  double-forked. Works for root, which rlimits like ``RLIMIT_NPROC`` do not bind. The parents of
+  the runs' groups cap all runs together (see :mod:`mocksandbox.execution.budget`).
 * :class:`ProcessGroupConfinement`: a fallback where cgroups are not writable. Each run has its own
   session and process group, which is killed as a group; descendants that left the group are found
   through the process tree while their parent lives. Weaker, and said so at start-up.
@@ -25,7 +26,14 @@ from typing import Protocol
 
 import psutil
 
-from mocksandbox.execution.budget import ProcessBudget, discover_process_limits, plan_process_budget
+from mocksandbox.execution.budget import (
+    MemoryBudget,
+    ProcessBudget,
+    discover_memory_limits,
+    discover_process_limits,
+    plan_memory_budget,
+    plan_process_budget,
+)
 
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 _CONTROLLERS = ("pids", "memory", "freezer")
@@ -53,6 +61,8 @@ class Confinement(Protocol):
     name: str
     #: How many processes runs may use, read off this host's limits at start-up.
     budget: ProcessBudget
+    #: How much memory runs may use, likewise.
+    memory_budget: MemoryBudget
 
     def new_jail(self) -> RunJail: ...
 
@@ -67,6 +77,22 @@ def _write(path: Path | bytes, value: str) -> None:
         os.write(fd, value.encode())
     finally:
         os.close(fd)
+
+
+def _set_memory_limit(group: Path, limit: int) -> None:
+    """Cap the v1 memory cgroup ``group`` at ``limit`` bytes, swap included where the kernel
+    accounts it (else a capped group could swap instead of being OOM-killed). The kernel keeps
+    ``memsw`` >= the plain limit at every step: when raising, ``memsw`` goes first."""
+    plain, memsw = group / "memory.limit_in_bytes", group / "memory.memsw.limit_in_bytes"
+    try:
+        raising = limit > int(memsw.read_text())
+    except (OSError, ValueError):
+        raising = None  # no swap accounting here: the plain limit is all there is
+    if raising:
+        _write(memsw, str(limit))
+    _write(plain, str(limit))
+    if raising is False:
+        _write(memsw, str(limit))
 
 
 def _read(path: str) -> bytes:
@@ -106,13 +132,7 @@ class CgroupJail:
         for directory in dirs.values():
             directory.mkdir()
         _write(dirs["pids"] / "pids.max", str(max_processes))
-        _write(dirs["memory"] / "memory.limit_in_bytes", str(max_memory_bytes))
-        memsw = dirs["memory"] / "memory.memsw.limit_in_bytes"
-        if memsw.exists():
-            try:
-                _write(memsw, str(max_memory_bytes))
-            except OSError:
-                pass  # swap accounting off: the plain memory limit still holds
+        _set_memory_limit(dirs["memory"], max_memory_bytes)
         self.procs_files = [str(d / "cgroup.procs") for d in dirs.values()]
         self._freezer_procs = str(dirs["freezer"] / "cgroup.procs")
         self._pids_current = str(dirs["pids"] / "pids.current")
@@ -236,17 +256,27 @@ def _remove_stale_parents(home: Path) -> None:
 class CgroupConfinement:
     """A cgroup per run under ``<own cgroup>/mocksandbox-<pid>-<instance>`` in each v1 controller.
 
-    The ``pids`` parent holds every run's group and is capped at the budget's ``runs_total``, so
-    that the runs in flight together can never take what the server itself needs (see
-    :mod:`mocksandbox.execution.budget`); each run is capped at ``per_run``.
+    The ``pids`` and ``memory`` parents hold every run's group and are capped at the budgets'
+    ``runs_total``, so that the runs in flight together can never take what the server itself
+    needs (see :mod:`mocksandbox.execution.budget`); each run is capped at ``per_run``. An OOM that
+    runs cause then happens inside the memory parent, where only their processes are candidates.
     """
 
     name = "cgroup"
 
-    def __init__(self, max_processes: int, max_memory_mb: int, budget: ProcessBudget | None = None) -> None:
+    def __init__(
+        self,
+        max_processes: int,
+        max_memory_mb: int,
+        budget: ProcessBudget | None = None,
+        memory_budget: MemoryBudget | None = None,
+    ) -> None:
         self.budget = budget if budget is not None else ProcessBudget(None, 0, None, max_processes)
+        self.memory_budget = (
+            memory_budget if memory_budget is not None else plan_memory_budget([], max_memory_mb)
+        )
         self.max_processes = min(max_processes, self.budget.per_run)
-        self.max_memory_bytes = max_memory_mb * 1024 * 1024
+        self.max_memory_bytes = min(max_memory_mb * 1024 * 1024, self.memory_budget.per_run)
         self._counter = itertools.count()
         self._lock = threading.Lock()
         self._idle: list[CgroupJail] = []
@@ -266,6 +296,8 @@ class CgroupConfinement:
             self._parents[controller] = parent
         if self.budget.runs_total is not None:
             _write(self._parents["pids"] / "pids.max", str(self.budget.runs_total))
+        if self.memory_budget.runs_total is not None:
+            _set_memory_limit(self._parents["memory"], self.memory_budget.runs_total)
         # The launcher is our child, so it sits in our own pids cgroup: rewriting its pid there
         # moves nothing but takes the lock that moves take (see forkserver.py).
         own_pids_cgroup = _CGROUP_ROOT / "pids" / _own_cgroup_path("pids").lstrip("/")
@@ -368,8 +400,12 @@ class ProcessGroupConfinement:
 
     name = "process-group"
 
-    def __init__(self, budget: ProcessBudget | None = None) -> None:
+    def __init__(
+        self, budget: ProcessBudget | None = None, memory_budget: MemoryBudget | None = None
+    ) -> None:
         self.budget = budget if budget is not None else ProcessBudget(None, 0, None, 0)
+        # Read, shown, but enforced by nothing here: no cgroup to cap the runs together.
+        self.memory_budget = memory_budget if memory_budget is not None else MemoryBudget(None, 0, None, 0)
 
     def new_jail(self) -> ProcessGroupJail:
         return ProcessGroupJail()
@@ -382,19 +418,26 @@ class ProcessGroupConfinement:
 
 
 def create_confinement(
-    mode: str, max_processes: int, max_memory_mb: int, budget: ProcessBudget | None = None
+    mode: str,
+    max_processes: int,
+    max_memory_mb: int,
+    budget: ProcessBudget | None = None,
+    memory_budget: MemoryBudget | None = None,
 ) -> Confinement:
     """The confinement ``mode`` asks for; ``auto`` takes cgroups when this host allows them.
-    ``budget``: how many processes runs may use (by default read off this host's limits)."""
+    ``budget`` and ``memory_budget``: how many processes and how much memory runs may use (by
+    default read off this host's limits)."""
     if budget is None:
         budget = plan_process_budget(discover_process_limits(), max_processes)
+    if memory_budget is None:
+        memory_budget = plan_memory_budget(discover_memory_limits(), max_memory_mb)
     if mode in ("auto", "cgroup"):
         if CgroupConfinement.available():
             try:
-                return CgroupConfinement(max_processes, max_memory_mb, budget)
+                return CgroupConfinement(max_processes, max_memory_mb, budget, memory_budget)
             except OSError:
                 if mode == "cgroup":
                     raise
         elif mode == "cgroup":
             raise OSError(errno.EACCES, "cgroup v1 pids/memory/freezer controllers are not writable here")
-    return ProcessGroupConfinement(budget)
+    return ProcessGroupConfinement(budget, memory_budget)

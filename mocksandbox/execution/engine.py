@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
-from mocksandbox.execution.budget import ProcessBudget
+from mocksandbox.execution.budget import MemoryBudget, ProcessBudget
 from mocksandbox.execution.confinement import Confinement, create_confinement
 from mocksandbox.execution.languages import LANGUAGES, LanguageSpec, find_scala_object_name
 from mocksandbox.execution.launcher import Launcher
@@ -312,12 +312,19 @@ def fetch_files(workdir: str, names: list[str]) -> dict[str, str]:
 
 
 def create_engine(
-    settings: Settings, process_budget: ProcessBudget | None = None
+    settings: Settings,
+    process_budget: ProcessBudget | None = None,
+    memory_budget: MemoryBudget | None = None,
 ) -> tuple[ExecutionEngine, Confinement, Launcher]:
     """The real engine: programs started by the launcher, confined as the host allows.
-    ``process_budget``: this server's share of the host's (by default read off the host)."""
+    ``process_budget``, ``memory_budget``: this server's share of the host's (by default read off
+    the host)."""
     confinement = create_confinement(
-        settings.confinement, settings.max_processes, settings.max_memory_mb, budget=process_budget
+        settings.confinement,
+        settings.max_processes,
+        settings.max_memory_mb,
+        budget=process_budget,
+        memory_budget=memory_budget,
     )
     env = program_environment(os.environ)
     env["PATH"] = f"{Path(settings.python).parent}:{env.get('PATH', os.defpath)}"

@@ -2,8 +2,8 @@
 
 Started once per engine as ``<python> forkserver.py <socket fd>`` (standard library only, so any
 interpreter can run it, with nothing of the user's imported). For each request it forks a *relay*,
-which joins the run's cgroups, starts its own session, forks the *program*, waits for it and
-reports its wait status. Two modes:
+which starts its own session, makes itself the OOM killer's first choice, joins the run's cgroups,
+forks the *program*, waits for it and reports its wait status. Two modes:
 
 ``exec``    the program ``execve``s ``/bin/bash -c <command>`` (every language; the plain spawn);
 ``python``  the program is this warm interpreter itself, turned into ``python <file>``: fresh
@@ -82,6 +82,22 @@ def _join_cgroups(procs_files: list) -> None:
             os.write(fd, pid)
         finally:
             os.close(fd)
+
+
+def _prefer_for_oom_kill() -> None:
+    """Make this relay, and the program and everything it starts (they inherit it, across exec
+    too), the kernel OOM killer's first choice wherever memory runs out: in the machine, in a
+    container's cgroup, in the runs' own. A run's processes go before the server, its launcher or
+    a Jupyter kernel, even where no cgroup caps the runs' memory (process-group confinement). One
+    small write; lowering the score needs privileges, raising it does not."""
+    try:
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+        try:
+            os.write(fd, b"1000")
+        finally:
+            os.close(fd)
+    except OSError:
+        pass  # no /proc here: the cgroups' limits still hold
 
 
 def _apply_memory_limit(megabytes: int) -> None:
@@ -172,6 +188,7 @@ def _relay(request: dict, fds: list) -> None:
     # Blocked, not handled: the relay outlives a signal sent to its whole process group and can
     # report how the program ended (only SIGKILL gets through). One call instead of one per signal.
     _signal.pthread_sigmask(_signal.SIG_BLOCK, _ALL_SIGNALS)
+    _prefer_for_oom_kill()
     _join_cgroups(request["cgroup_procs"])
     try:
         pid = os.fork()
