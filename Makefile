@@ -46,6 +46,8 @@ typecheck: $(VENV)/.installed-test
 test: lint typecheck
 	$(BIN)/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 	$(BIN)/python -m pytest contract_tests -n 2 -p no:cacheprovider
+	# ... and against a mock of two worker processes over one control state (serve --workers 2).
+	MOCKSANDBOX_WORKERS=2 $(BIN)/python -m pytest contract_tests -n 2 -p no:cacheprovider
 
 # The same without the slow suites (pytester runs, Ray clusters), for a quick local loop.
 test-fast: lint typecheck
