@@ -15,6 +15,11 @@ Only loopback addresses are ever targeted unless you pass a URL yourself.
     python benchmarks/bench_run_code.py --requests 300
     python benchmarks/bench_run_code.py --reference-url http://127.0.0.1:8080 --json out.json
     python benchmarks/bench_run_code.py --workload mixed --client requests
+    python benchmarks/bench_run_code.py --modes fork --workers 1,2 --concurrency 1,4,16,32,64
+
+Each served mock runs in a cpuacct cgroup of its own (where the controller is writable), so the
+report also gives the CPU per request of its server processes, its launchers and its programs, and
+the req/s per core that this CPU allows.
 """
 
 from __future__ import annotations
@@ -85,6 +90,11 @@ class Level:
     p95_ms: float
     mean_ms: float
     first_error: str | None = None
+    #: CPU per answered request (ms): the server processes (the serve process and its workers),
+    #: the launchers, and the rest of the cgroup (relays and programs); ``None`` where unmeasured.
+    server_cpu_ms: float | None = None
+    launcher_cpu_ms: float | None = None
+    programs_cpu_ms: float | None = None
 
 
 @dataclass
@@ -248,36 +258,108 @@ def measure_target(
     timeout: float,
     workload: list[tuple[dict[str, Any], str | None]] = WORKLOADS["print"],
     client: str = "http",
+    meter: CpuMeter | None = None,
 ) -> Target:
     target = Target(name, url)
     if warmup:
         run_level(url, 1, warmup, timeout, workload, client)
     for concurrency in levels:
-        target.levels.append(run_level(url, concurrency, total, timeout, workload, client))
+        before = meter.sample() if meter is not None else None
+        level = run_level(url, concurrency, total, timeout, workload, client)
+        if meter is not None and before is not None and level.ok:
+            after = meter.sample()
+            server = (after["server"] or 0.0) - (before["server"] or 0.0)
+            launcher = (after["launcher"] or 0.0) - (before["launcher"] or 0.0)
+            level.server_cpu_ms = server / level.ok * 1000
+            level.launcher_cpu_ms = launcher / level.ok * 1000
+            if after["total"] is not None and before["total"] is not None:
+                rest = after["total"] - before["total"] - server - launcher
+                level.programs_cpu_ms = rest / level.ok * 1000
+        target.levels.append(level)
     return target
 
 
+_CPUACCT = "/sys/fs/cgroup/cpuacct"
+
+
+class CpuMeter:
+    """CPU seconds spent by a served mock, split three ways: its server processes (the serve
+    process and its workers, their own time), its launchers (their own time), and everything else
+    in its cpuacct cgroup (relays and programs, which the launchers' accounting never sees: they
+    are reaped by the kernel). Without a writable cpuacct controller only the first two are known."""
+
+    def __init__(self, pid: int, cgroup: str | None) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self.root = psutil.Process(pid)
+        self.cgroup = cgroup
+
+    def _own_seconds(self, process: Any) -> float:
+        try:
+            times = process.cpu_times()
+        except self._psutil.Error:
+            return 0.0
+        return float(times.user + times.system)
+
+    def sample(self) -> dict[str, float | None]:
+        servers = [self.root] + [
+            c for c in self.root.children() if "mocksandbox.workers" in " ".join(c.cmdline())
+        ]
+        launchers = [
+            c for server in servers for c in server.children() if "forkserver.py" in " ".join(c.cmdline())
+        ]
+        total = None
+        if self.cgroup is not None:
+            with open(os.path.join(self.cgroup, "cpuacct.usage")) as handle:
+                total = int(handle.read()) / 1e9
+        return {
+            "server": sum(self._own_seconds(p) for p in servers),
+            "launcher": sum(self._own_seconds(p) for p in launchers),
+            "total": total,
+        }
+
+
+def _cpuacct_group() -> str | None:
+    """A fresh cpuacct cgroup for one served mock, or ``None`` where none can be made."""
+    try:
+        path = os.path.join(_CPUACCT, f"mocksandbox-bench-{os.getpid()}-{time.monotonic_ns()}")
+        os.mkdir(path)
+        return path
+    except OSError:
+        return None
+
+
 @contextlib.contextmanager
-def served_mock(exec_mode: str) -> Iterator[str]:
-    """``mocksandbox serve --exec-mode MODE`` as its own process on 127.0.0.1 (free port): its URL."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mocksandbox.cli", "serve", "--port", "0", "--exec-mode", exec_mode],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def served_mock(exec_mode: str, workers: int = 1) -> Iterator[tuple[str, CpuMeter]]:
+    """``mocksandbox serve --exec-mode MODE --workers N`` as its own process on 127.0.0.1 (free
+    port), in a cpuacct cgroup of its own where possible: its URL and its CPU meter."""
+    group = _cpuacct_group()
+    command = [sys.executable, "-m", "mocksandbox.cli", "serve", "--port", "0", "--exec-mode", exec_mode]
+    command += ["--workers", str(workers)]
+    if group is not None:  # the shell joins the group, then becomes the server: all it starts counts
+        command = ["/bin/sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$@"', "sh", *command]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         if "serving on " not in line:
             raise RuntimeError(f"mocksandbox serve did not start: {line!r}")
-        yield line.split("serving on ", 1)[1].split()[0]
+        url = line.split("serving on ", 1)[1].split()[0]
+        while not line.startswith("  press Ctrl-C"):  # ready: every worker is up
+            line = proc.stdout.readline()
+            if not line:
+                raise RuntimeError("mocksandbox serve stopped while starting")
+        yield url, CpuMeter(proc.pid, group)
     finally:
         proc.send_signal(signal.SIGINT)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+        if group is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(group)
 
 
 def measure_spawn(python: str, runs: int) -> dict[str, Any]:
@@ -359,6 +441,25 @@ def print_report(
                 f"{target.name:<16} {lv.concurrency:>4} {lv.ok:>5} {lv.errors:>4} {lv.rps:>8.1f} "
                 f"{lv.p50_ms:>8.1f} {lv.p95_ms:>8.1f} {lv.mean_ms:>8.1f}"
             )
+    measured = [(t, lv) for t in targets for lv in t.levels if lv.server_cpu_ms is not None]
+    if measured:
+        print(
+            "\nCPU per request, ms (server: serve process + workers; launcher; relays + programs),"
+            " and req/s per core that this CPU allows"
+        )
+        cpu_header = (
+            f"{'target':<16} {'conc':>4} {'server':>8} {'launcher':>9} {'programs':>9} {'req/s/core':>11}"
+        )
+        print(cpu_header + "\n" + "-" * len(cpu_header))
+        for target, lv in measured:
+            programs = lv.programs_cpu_ms
+            total = (lv.server_cpu_ms or 0.0) + (lv.launcher_cpu_ms or 0.0) + (programs or 0.0)
+            per_core = f"{1000 / total:>11.0f}" if programs is not None and total > 0 else f"{'-':>11}"
+            shown = f"{programs:>9.2f}" if programs is not None else f"{'-':>9}"
+            print(
+                f"{target.name:<16} {lv.concurrency:>4} {lv.server_cpu_ms:>8.2f} "
+                f"{lv.launcher_cpu_ms:>9.2f} {shown} {per_core}"
+            )
     print(
         f"\nbare spawn: {spawn['python']} -c 'print(1)' x{spawn['runs']}: "
         f"p50 {spawn['p50_ms']:.1f} ms, p95 {spawn['p95_ms']:.1f} ms"
@@ -391,7 +492,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--reference-url", help="also measure this server and print mock/reference ratios")
     parser.add_argument("--requests", type=int, default=200, help="requests per concurrency level (200)")
     parser.add_argument(
-        "--concurrency", default="1,4,16", help="comma-separated concurrency levels (default 1,4,16)"
+        "--concurrency", default="1,4,16,64", help="comma-separated concurrency levels (default 1,4,16,64)"
+    )
+    parser.add_argument(
+        "--workers",
+        default="1",
+        help="comma-separated worker counts: each exec mode is served with each (default 1), e.g. 1,2",
     )
     parser.add_argument("--spawn-runs", type=int, help="bare spawns to time (default: --requests)")
     parser.add_argument(
@@ -417,8 +523,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     try:
         args.levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
+        args.worker_counts = [int(w) for w in args.workers.split(",") if w.strip()]
     except ValueError:
-        parser.error("--concurrency takes integers, e.g. 1,4,16")
+        parser.error("--concurrency and --workers take integers, e.g. 1,4,16 and 1,2")
+    if not args.worker_counts or min(args.worker_counts) < 1:
+        parser.error("--workers must be positive")
     if not args.levels or min(args.levels) < 1 or args.requests < 1:
         parser.error("--concurrency and --requests must be positive")
     return args
@@ -433,10 +542,10 @@ def main(argv: list[str] | None = None) -> int:
     python = args.python or load_settings().python
     targets: list[Target] = []
 
-    def measure(name: str, url: str) -> None:
+    def measure(name: str, url: str, meter: CpuMeter | None = None) -> None:
         targets.append(
             measure_target(
-                name, url, args.levels, args.requests, args.warmup, args.timeout, workload, args.client
+                name, url, args.levels, args.requests, args.warmup, args.timeout, workload, args.client, meter
             )
         )
 
@@ -447,9 +556,13 @@ def main(argv: list[str] | None = None) -> int:
             for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
                 if mode == "in-process":
                     url, python, _ = stack.enter_context(in_process_mock())
-                else:
-                    url = stack.enter_context(served_mock(mode))
-                measure(f"mock-{mode}", url)
+                    measure(f"mock-{mode}", url)
+                    continue
+                for workers in args.worker_counts:
+                    # One served mock at a time: the others would share the cores while idle.
+                    with served_mock(mode, workers) as (url, meter):
+                        name = f"mock-{mode}" + (f"-w{workers}" if len(args.worker_counts) > 1 else "")
+                        measure(name, url, meter)
         if args.reference_url:
             measure("reference", args.reference_url)
         spawn = measure_spawn(python, args.spawn_runs or args.requests)

@@ -16,14 +16,16 @@ from mocksandbox.control.state import (
     ControlState,
     LocalControlState,
     ServerError,
+    assert_request_count,
     select_entries,
+    wait_idle,
 )
 from mocksandbox.datasets import DatasetService
 from mocksandbox.execution.budget import MemoryBudget, ProcessBudget
 from mocksandbox.execution.confinement import Confinement
 from mocksandbox.execution.engine import ExecutionEngine, create_engine
 from mocksandbox.faults import FaultRule, FaultSpec, load_fault_file, parse_fault_specs, validate_fault_spec
-from mocksandbox.journal import JournalEntry, nearest
+from mocksandbox.journal import JournalEntry
 from mocksandbox.jupyter import JupyterService
 from mocksandbox.sessions import SessionManager
 from mocksandbox.settings import Settings, load_settings
@@ -201,14 +203,7 @@ class MockSandbox:
 
     def assert_requests(self, count: int, **filters: Any) -> list[JournalEntry]:
         """Assert that exactly ``count`` requests match ``filters``; the message shows the nearest."""
-        found = self.requests(**filters)
-        if len(found) != count:
-            wanted = ", ".join(f"{k}={v!r}" for k, v in filters.items()) or "any request"
-            raise AssertionError(
-                f"expected {count} request(s) with {wanted}, found {len(found)}.\n"
-                f"Last requests seen:\n{nearest(self.control.entries())}"
-            )
-        return found
+        return assert_request_count(self.control.entries(), count, **filters)
 
     def record_error(self, path: str, exc: BaseException) -> None:
         """Keep an unexpected server-side exception for the test to re-raise."""
@@ -220,10 +215,7 @@ class MockSandbox:
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Wait until no request is in flight (e.g. before reading the journal from another thread)."""
-        deadline = time.monotonic() + timeout
-        while self.control.stats()["in_flight"] and time.monotonic() < deadline:
-            time.sleep(0.005)
-        return not self.control.stats()["in_flight"]
+        return wait_idle(self.control, timeout)
 
 
 def describe_entries(entries: Iterable[JournalEntry]) -> list[dict[str, Any]]:

@@ -26,10 +26,15 @@ Markers
     Fault rules (dicts, as in a fault file) active for one test.
 ``@pytest.mark.mocksandbox_capacity(max_in_flight=3, overload="reject")``
     A server-side concurrency cap for one test.
+``@pytest.mark.mocksandbox_workers(2)``
+    The test's ``mocksandbox`` handle is a server of N worker processes over one control state
+    (``serve --workers N``), started once per session (and xdist worker) for each N asked for.
 
 Options
 -------
 ``--mocksandbox-config FILE`` (or the ``mocksandbox_config`` ini value): settings for the server.
+``--mocksandbox-workers N`` (or ini ``mocksandbox_workers``): worker processes behind the
+``mocksandbox`` handle of every test without the marker (default 1: one in-process server).
 ``--mocksandbox-export-env`` (or ini ``mocksandbox_export_env = true``): start the server when
 pytest starts (in each xdist worker) and export ``SANDBOX_FUSION_URL`` / ``SANDBOX_FUSION_ENDPOINT``
 before collection, so that suites which skip at import time without a live sandbox URL run.
@@ -48,6 +53,7 @@ if TYPE_CHECKING:
     from mocksandbox.faults import FaultRule
     from mocksandbox.journal import JournalEntry
     from mocksandbox.server import ServerThread
+    from mocksandbox.workers import PoolControl
 
 INPROCESS_BASE_URL = "http://mocksandbox.test"
 
@@ -61,6 +67,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="settings file (.toml/.yaml/.json) for the mocksandbox server started by the fixtures",
     )
     parser.addini("mocksandbox_config", "settings file for the mocksandbox fixtures' server", default="")
+    group.addoption(
+        "--mocksandbox-workers",
+        metavar="N",
+        type=int,
+        default=None,
+        help="worker processes behind the mocksandbox fixture's server (default 1)",
+    )
+    parser.addini("mocksandbox_workers", "worker processes behind the mocksandbox fixture", default="1")
     group.addoption(
         "--mocksandbox-export-env",
         action="store_true",
@@ -76,6 +90,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "mocksandbox_faults(*rules): fault rules active for this test")
     config.addinivalue_line(
         "markers", "mocksandbox_capacity(**policy): server-side concurrency cap for this test"
+    )
+    config.addinivalue_line(
+        "markers", "mocksandbox_workers(n): serve this test's mocksandbox from n worker processes"
     )
     export = config.getoption("--mocksandbox-export-env") or config.getini("mocksandbox_export_env")
     is_xdist_controller = bool(getattr(config.option, "numprocesses", None)) and not hasattr(
@@ -118,7 +135,8 @@ _EARLY_SERVER = pytest.StashKey["_EarlyServer"]()
 class MockSandboxHandle:
     """What a test holds: the sandbox's state and helpers to shape and inspect it."""
 
-    def __init__(self, sandbox: MockSandbox, url: str) -> None:
+    def __init__(self, sandbox: MockSandbox | PoolControl, url: str) -> None:
+        #: The sandbox behind the server (a :class:`~mocksandbox.workers.PoolControl` for workers).
         self.sandbox = sandbox
         #: Base URL of the server (``http://127.0.0.1:<port>``).
         self.url = url
@@ -226,7 +244,7 @@ def mocksandbox_url(mocksandbox_server: ServerThread) -> str:
     return mocksandbox_server.url
 
 
-def _prepare(box: MockSandbox, node: pytest.Item) -> None:
+def _prepare(box: MockSandbox | PoolControl, node: pytest.Item) -> None:
     # Reset at the start: another fixture's teardown may still have sent requests after the last test.
     box.wait_idle()
     box.reset()
@@ -237,7 +255,7 @@ def _prepare(box: MockSandbox, node: pytest.Item) -> None:
         box.set_capacity(**marker.kwargs)
 
 
-def _reraise_server_errors(box: MockSandbox) -> None:
+def _reraise_server_errors(box: MockSandbox | PoolControl) -> None:
     errors = box.take_errors()
     if errors:
         first = errors[0]
@@ -248,14 +266,58 @@ def _reraise_server_errors(box: MockSandbox) -> None:
         raise first.exception
 
 
+class _WorkerPools:
+    """Multi-worker servers of the session, one per worker count asked for, started on first use."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.pools: dict[int, PoolControl] = {}
+
+    def get(self, workers: int) -> PoolControl:
+        if workers not in self.pools:
+            from mocksandbox.settings import load_settings
+            from mocksandbox.workers import PoolControl, WorkerPool
+
+            settings = load_settings(
+                _settings_file(self.config), overrides={"host": "127.0.0.1", "port": 0, "workers": workers}
+            )
+            self.pools[workers] = PoolControl(WorkerPool(settings, workers)).start()
+        return self.pools[workers]
+
+    def close(self) -> None:
+        for pool in self.pools.values():
+            pool.close()
+
+
+@pytest.fixture(scope="session")
+def _mocksandbox_worker_pools(pytestconfig: pytest.Config) -> Iterator[_WorkerPools]:
+    pools = _WorkerPools(pytestconfig)
+    yield pools
+    pools.close()
+
+
+def _workers_for(node: pytest.Item, config: pytest.Config) -> int:
+    marker = node.get_closest_marker("mocksandbox_workers")
+    if marker is not None:
+        return int(marker.args[0] if marker.args else marker.kwargs.get("n", 1))
+    option = config.getoption("--mocksandbox-workers")
+    return int(option if option is not None else config.getini("mocksandbox_workers") or 1)
+
+
 @pytest.fixture
-def mocksandbox(
-    mocksandbox_server: ServerThread, request: pytest.FixtureRequest
-) -> Iterator[MockSandboxHandle]:
-    """The session's server, reset for this test, as a :class:`MockSandboxHandle`."""
-    box = mocksandbox_server.sandbox
+def mocksandbox(request: pytest.FixtureRequest) -> Iterator[MockSandboxHandle]:
+    """The session's server, reset for this test, as a :class:`MockSandboxHandle` (with
+    ``mocksandbox_workers(n)`` or ``--mocksandbox-workers n``: a server of n worker processes)."""
+    workers = _workers_for(request.node, request.config)
+    box: MockSandbox | PoolControl
+    if workers > 1:
+        pool: PoolControl = request.getfixturevalue("_mocksandbox_worker_pools").get(workers)
+        box, url = pool, pool.url
+    else:
+        server: ServerThread = request.getfixturevalue("mocksandbox_server")
+        box, url = server.sandbox, server.url
     _prepare(box, request.node)
-    yield MockSandboxHandle(box, mocksandbox_server.url)
+    yield MockSandboxHandle(box, url)
     _reraise_server_errors(box)
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 from mocksandbox.faults import FaultDecision, FaultError, FaultInjector, FaultRule, FaultSpec, RequestInfo
-from mocksandbox.journal import InFlight, Journal, JournalEntry
+from mocksandbox.journal import InFlight, Journal, JournalEntry, nearest
 
 
 @dataclass(frozen=True)
@@ -283,3 +283,24 @@ def select_entries(
         and (language is None or e.language == language)
         and (status is None or e.status == status)
     ]
+
+
+def assert_request_count(entries: list[JournalEntry], count: int, **filters: Any) -> list[JournalEntry]:
+    """Assert that exactly ``count`` of ``entries`` match ``filters``; the message shows the last
+    requests seen."""
+    found = select_entries(entries, **filters)
+    if len(found) != count:
+        wanted = ", ".join(f"{k}={v!r}" for k, v in filters.items()) or "any request"
+        raise AssertionError(
+            f"expected {count} request(s) with {wanted}, found {len(found)}.\n"
+            f"Last requests seen:\n{nearest(entries)}"
+        )
+    return found
+
+
+def wait_idle(state: ControlState, timeout: float = 10.0) -> bool:
+    """Wait until no request is in flight; whether that happened within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while state.stats()["in_flight"] and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return not state.stats()["in_flight"]

@@ -152,3 +152,38 @@ def test_suite_skipped_without_a_live_url_runs_under_xdist(pytester: pytest.Pyte
     skipped.assert_outcomes(skipped=4)
     ran = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--mocksandbox-export-env")
     ran.assert_outcomes(passed=4)
+
+
+def test_a_test_asks_for_worker_processes(pytester: pytest.Pytester) -> None:
+    """``mocksandbox_workers(2)``: the handle's server is two worker processes over one state; the
+    other tests keep the one in-process server."""
+    pytester.makepyfile(
+        """
+        import concurrent.futures, requests, pytest
+
+        def run(url, i):
+            return requests.post(url + "/run_code", json={"code": f"print({i})", "language": "python"})
+
+        @pytest.mark.mocksandbox_workers(2)
+        def test_two_workers(mocksandbox):
+            mocksandbox.fail(503, first=2)
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                statuses = [r.status_code for r in pool.map(lambda i: run(mocksandbox.url, i), range(20))]
+            assert statuses.count(503) == 2 and statuses.count(200) == 18
+            entries = mocksandbox.assert_requests(20, path="/run_code")
+            assert [e.id for e in entries] == list(range(1, 21))
+            assert {e.worker for e in entries} <= {"worker-1", "worker-2"}
+
+        @pytest.mark.mocksandbox_workers(2)
+        def test_two_workers_start_clean(mocksandbox):
+            assert mocksandbox.stats()["requests_total"] == 0
+            assert run(mocksandbox.url, 1).status_code == 200
+
+        def test_one_server_otherwise(mocksandbox):
+            assert run(mocksandbox.url, 1).status_code == 200
+            (entry,) = mocksandbox.requests()
+            assert entry.worker is None
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3)
