@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -30,7 +31,9 @@ from typing import Any
 import pytest
 import requests
 
-from mocksandbox.server import ServerThread
+from mocksandbox.server import ServerThread, running_server
+from mocksandbox.settings import Settings
+from mocksandbox.workers import PoolControl, WorkerPool
 
 sandbox_fusion = pytest.importorskip("sandbox_fusion", reason="the sandbox-fusion client is not installed")
 from sandbox_fusion import (  # noqa: E402
@@ -46,8 +49,23 @@ from sandbox_fusion import (  # noqa: E402
 _PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 
 
-# The server, the loopback-only environment and sf_endpoint come from tests/server/conftest.py.
+# The loopback-only environment and sf_endpoint come from tests/server/conftest.py.
 pytestmark = pytest.mark.usefixtures("loopback_only")
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-process", "two-workers"])
+def server(request: pytest.FixtureRequest) -> Iterator[ServerThread | PoolControl]:
+    """Every client test against a one-process server and against ``serve --workers 2``."""
+    settings = Settings(pod_name=None)
+    if request.param == 1:
+        with running_server(settings) as single:
+            yield single
+        return
+    pool = PoolControl(WorkerPool(settings.replace(workers=2), 2)).start()
+    try:
+        yield pool
+    finally:
+        pool.close()
 
 
 # -- a. the official sandbox-fusion client --------------------------------------------------------
@@ -148,14 +166,14 @@ def test_sandbox_fusion_client_only_language_is_422(sf_endpoint: str) -> None:
         run_code(RunCodeRequest(code="print 1", language="python2"), max_attempts=1)
 
 
-def test_sandbox_fusion_endpoint_argument(server: ServerThread) -> None:
+def test_sandbox_fusion_endpoint_argument(server: ServerThread | PoolControl) -> None:
     resp = run_code(RunCodeRequest(code="print(6 * 7)", language="python"), endpoint=server.url)
     assert resp.status == RunStatus.Success
     assert resp.run_result is not None
     assert resp.run_result.stdout == "42\n"
 
 
-def test_sandbox_fusion_async_client(server: ServerThread) -> None:
+def test_sandbox_fusion_async_client(server: ServerThread | PoolControl) -> None:
     async def main() -> list[Any]:
         requests_ = [RunCodeRequest(code=f"print({i})", language="python") for i in range(4)]
         return await asyncio.gather(
@@ -167,7 +185,7 @@ def test_sandbox_fusion_async_client(server: ServerThread) -> None:
     assert [r.run_result.stdout for r in responses] == [f"{i}\n" for i in range(4)]
 
 
-def test_sandbox_fusion_endpoint_from_environment(server: ServerThread) -> None:
+def test_sandbox_fusion_endpoint_from_environment(server: ServerThread | PoolControl) -> None:
     # SANDBOX_FUSION_ENDPOINT is read when the client is imported, so use a fresh interpreter.
     env = {k: v for k, v in os.environ.items() if k not in _PROXY_VARIABLES}
     env["SANDBOX_FUSION_ENDPOINT"] = server.url
@@ -234,7 +252,7 @@ def verl_utils() -> ModuleType:
 
 
 @pytest.fixture
-def run_code_url(server: ServerThread) -> str:
+def run_code_url(server: ServerThread | PoolControl) -> str:
     return server.url + "/run_code"
 
 
@@ -363,7 +381,7 @@ def _max_overlap(intervals: list[tuple[float, float]]) -> int:
 
 
 def test_64_parallel_requests_no_crosstalk_and_in_flight_together(
-    server: ServerThread, tmp_path: Path
+    server: ServerThread | PoolControl, tmp_path: Path
 ) -> None:
     barrier = tmp_path / "barrier"
     barrier.mkdir()
