@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from email.message import Message
 from typing import Any, TypeVar
@@ -23,6 +24,7 @@ class BodyParseError(Exception):
     """A body FastAPI cannot parse (not text, or JSON nested too deep): it answers 400."""
 
 
+@functools.lru_cache(maxsize=256)  # parsed with the email package: costly, and nearly always the same
 def _is_json_content_type(content_type: str | None) -> bool:
     if not content_type:
         return True  # FastAPI parses a body without Content-Type as JSON
