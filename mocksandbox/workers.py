@@ -122,6 +122,9 @@ class Worker:
         self.index = index
         self.name = f"worker-{index}"
         self.process: subprocess.Popen[bytes] | None = None
+        #: After a failed replacement: when to try again, and how long to wait the next time.
+        self.retry_at = 0.0
+        self.retry_pause = 1.0
 
 
 class WorkerPool:
@@ -220,13 +223,21 @@ class WorkerPool:
                 process = worker.process
                 if process is None or process.poll() is None or self._stopping.is_set():
                     continue
+                if time.monotonic() < worker.retry_at:
+                    continue  # its last replacement failed: not in a tight loop
                 status = process.returncode
                 how = f"killed by signal {-status}" if status < 0 else f"exit status {status}"
                 try:
                     self._spawn(worker, banner=False)
                 except (WorkerStartError, OSError) as exc:
-                    text = f"{worker.name} (pid {process.pid}) died ({how}); replacing it failed: {exc}"
+                    text = (
+                        f"{worker.name} (pid {process.pid}) died ({how}); replacing it failed, "
+                        f"trying again in {worker.retry_pause:g} s: {exc}"
+                    )
+                    worker.retry_at = time.monotonic() + worker.retry_pause
+                    worker.retry_pause = min(worker.retry_pause * 2, 60.0)
                 else:
+                    worker.retry_pause = 1.0
                     assert worker.process is not None
                     text = (
                         f"{worker.name} (pid {process.pid}) died ({how}); "
