@@ -180,12 +180,8 @@ class MockServer(ThreadedWSGIServer):
         if listener_fd is not None:  # a socket another process bound (mocksandbox.workers)
             super().__init__(host, port, app, handler=_RequestHandler, fd=listener_fd)
         else:
-            family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            listener = socket.socket(family, socket.SOCK_STREAM)
+            listener = bind_listener(host, port)
             try:
-                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                listener.bind((host, port))
-                listener.listen(LISTEN_BACKLOG)
                 super().__init__(host, port, app, handler=_RequestHandler, fd=listener.fileno())
             finally:
                 listener.close()  # werkzeug holds its own duplicate of the descriptor
@@ -233,6 +229,21 @@ class MockServer(ThreadedWSGIServer):
         host = str(self.server_address[0])
         shown = f"[{host}]" if ":" in host else host
         return f"http://{shown}:{self.port}"
+
+
+def bind_listener(host: str, port: int, backlog: int = LISTEN_BACKLOG) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0: a free one); an ``OSError`` if it cannot
+    be bound (werkzeug would print and exit instead)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+        listener.listen(backlog)
+    except OSError:
+        listener.close()
+        raise
+    return listener
 
 
 def is_loopback(host: str) -> bool:

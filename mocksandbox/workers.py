@@ -98,18 +98,12 @@ def memory_budget_from_json(text: str) -> MemoryBudget:
     return MemoryBudget(binding=None if binding is None else MemoryLimit(**binding), **fields)
 
 
-def bind_listener(host: str, port: int, backlog: int) -> socket.socket:
+def shared_listener(host: str, port: int) -> socket.socket:
     """The listening socket every worker accepts from (non-blocking: a worker that loses the race
     for a connection goes back to waiting instead of blocking in ``accept``)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((host, port))
-        listener.listen(backlog)
-    except OSError:
-        listener.close()
-        raise
+    from mocksandbox.server import bind_listener
+
+    listener = bind_listener(host, port)
     listener.setblocking(False)
     listener.set_inheritable(True)
     return listener
@@ -137,7 +131,6 @@ class WorkerPool:
         say: Callable[[str], None] = print,
     ) -> None:
         from mocksandbox.core import MockSandbox, capacity_from_settings
-        from mocksandbox.server import LISTEN_BACKLOG
         from mocksandbox.sessions.manager import open_shared_state_dir
 
         self.count = count
@@ -147,7 +140,7 @@ class WorkerPool:
         self.worker_budget = split_budget(self.budget, count)
         self.memory_budget = plan_memory_budget(discover_memory_limits(), settings.max_memory_mb)
         self.worker_memory_budget = split_budget(self.memory_budget, count)
-        self.listener = bind_listener(settings.host, settings.port, LISTEN_BACKLOG)
+        self.listener = shared_listener(settings.host, settings.port)
         try:
             self.state = LocalControlState(settings.journal_limit, capacity_from_settings(settings))
             self.state.reset(MockSandbox.configured_faults(settings), capacity_from_settings(settings))

@@ -15,12 +15,12 @@ import concurrent.futures
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -130,41 +130,14 @@ class ContainedServer:
 
 
 @pytest.fixture
-def contained_server(memory_cgroup: Path, tmp_path: Path) -> Iterator[ContainedServer]:
+def contained_server(
+    memory_cgroup: Path, tmp_path: Path, serve_in_cgroup: Callable[[Path, Path], Any]
+) -> ContainedServer:
     """``mocksandbox serve`` started inside the memory cgroup (it joins before it execs)."""
     runs_dir = tmp_path / "runs"
     runs_dir.mkdir()
-    env = {**os.environ, "MOCKSANDBOX_TMP_ROOT": str(runs_dir), "NO_PROXY": "127.0.0.1"}
-    command = f'echo $$ > {memory_cgroup}/cgroup.procs && exec "$0" -m mocksandbox.cli serve --port 0'
-    process = subprocess.Popen(
-        ["/bin/sh", "-c", command, sys.executable],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
-    banner: list[str] = []
-    url = None
-    assert process.stdout is not None
-    while url is None:
-        line = process.stdout.readline()
-        if not line:
-            pytest.fail(f"server did not start:\n{''.join(banner)}")
-        banner.append(line)
-        if " serving on " in line:
-            url = line.rsplit(" ", 1)[1].strip()
-    while not banner[-1].startswith("  press Ctrl-C"):
-        banner.append(process.stdout.readline())
-    try:
-        yield ContainedServer(url, process, memory_cgroup, runs_dir, banner)
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    served = serve_in_cgroup(memory_cgroup, runs_dir)
+    return ContainedServer(served.url, served.process, memory_cgroup, runs_dir, served.banner)
 
 
 def _assert_ordinary(answer: dict[str, object], expected: str) -> None:

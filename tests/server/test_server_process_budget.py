@@ -14,12 +14,12 @@ import concurrent.futures
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -106,42 +106,14 @@ class BudgetServer:
 
 
 @pytest.fixture
-def budget_server(budget_cgroup: Path, tmp_path: Path) -> Iterator[BudgetServer]:
+def budget_server(
+    budget_cgroup: Path, tmp_path: Path, serve_in_cgroup: Callable[[Path, Path], Any]
+) -> BudgetServer:
     """``mocksandbox serve`` started inside the budget cgroup (it joins before it execs)."""
     runs_dir = tmp_path / "runs"
     runs_dir.mkdir()
-    env = {**os.environ, "MOCKSANDBOX_TMP_ROOT": str(runs_dir), "NO_PROXY": "127.0.0.1"}
-    # The shell moves itself into the cgroup, then becomes the server: everything it starts
-    # (launcher, relays, runs) is charged there from the first instruction.
-    command = f'echo $$ > {budget_cgroup}/cgroup.procs && exec "$0" -m mocksandbox.cli serve --port 0'
-    process = subprocess.Popen(
-        ["/bin/sh", "-c", command, sys.executable],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
-    banner: list[str] = []
-    url = None
-    assert process.stdout is not None
-    while url is None:
-        line = process.stdout.readline()
-        if not line:
-            pytest.fail(f"server did not start:\n{''.join(banner)}")
-        banner.append(line)
-        if " serving on " in line:
-            url = line.rsplit(" ", 1)[1].strip()
-    while not banner[-1].startswith("  press Ctrl-C"):
-        banner.append(process.stdout.readline())
-    try:
-        yield BudgetServer(url, process, budget_cgroup, runs_dir, banner)
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    served = serve_in_cgroup(budget_cgroup, runs_dir)
+    return BudgetServer(served.url, served.process, budget_cgroup, runs_dir, served.banner)
 
 
 def _assert_ordinary(answer: dict[str, object], expected: str) -> None:
