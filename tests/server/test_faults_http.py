@@ -16,6 +16,20 @@ from mocksandbox.pytest_plugin import MockSandboxHandle
 PRINT_1 = {"code": "print(1)", "language": "python"}
 
 
+@pytest.fixture(autouse=True, params=[1, 2], ids=["one-process", "two-workers"])
+def _served_by(request: pytest.FixtureRequest) -> None:
+    """Every test here against one process and against ``serve --workers 2``: the fault
+    schedules, the cap and the journal must hold alike (the handle follows the marker)."""
+    if request.param > 1:
+        request.node.add_marker(pytest.mark.mocksandbox_workers(request.param))
+
+
+@pytest.fixture
+def mocksandbox_url(mocksandbox: MockSandboxHandle) -> str:
+    """The URL of the server behind this test's handle (one process or the workers)."""
+    return mocksandbox.url
+
+
 def post(url: str, body: dict = PRINT_1, timeout: float = 30) -> requests.Response:
     return requests.post(url + "/run_code", json=body, timeout=timeout)
 
@@ -219,3 +233,15 @@ def test_server_survives_a_client_that_vanishes(mocksandbox: MockSandboxHandle, 
     with socket.create_connection((parts.hostname, parts.port)) as sock:
         sock.sendall(b'POST /run_code HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"co')
     assert post(mocksandbox_url).status_code == 200
+
+
+def test_the_requests_are_served_by_the_processes_asked_for(
+    mocksandbox: MockSandboxHandle, mocksandbox_url: str, _served_by: None, request: pytest.FixtureRequest
+) -> None:
+    """(This module's parametrization at work: worker names in the journal with workers only.)"""
+    assert post(mocksandbox_url).status_code == 200
+    (entry,) = mocksandbox.assert_requests(1)
+    if request.node.get_closest_marker("mocksandbox_workers"):
+        assert entry.worker in ("worker-1", "worker-2")
+    else:
+        assert entry.worker is None
