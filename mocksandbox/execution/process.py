@@ -236,7 +236,9 @@ class ProcessRunner:
         streams = {stdout_fd: stdout, stderr_fd: stderr}
         open_fds = {stdin_fd, stdout_fd, stderr_fd, status_fd}
         pending_stdin = memoryview(spec.stdin or b"")
-        selector = selectors.DefaultSelector()
+        # poll, not epoll: a run watches three or four pipes for a few milliseconds, and poll needs
+        # no kernel object of its own (no epoll_create, epoll_ctl per pipe and close): ~10 us less.
+        selector = selectors.PollSelector()
         try:
             for fd in (stdout_fd, stderr_fd, status_fd):
                 os.set_blocking(fd, False)
