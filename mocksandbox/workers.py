@@ -358,7 +358,11 @@ class PoolControl:
         self._watcher = threading.Thread(target=pool.watch, name="mocksandbox-pool-watch", daemon=True)
 
     def start(self) -> PoolControl:
-        self.pool.start()
+        try:
+            self.pool.start()
+        except BaseException:
+            self.pool.stop()  # the workers that did start, the socket, the state dir
+            raise
         self._watcher.start()
         return self
 
