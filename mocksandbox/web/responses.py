@@ -33,12 +33,18 @@ def json_response(content: Any, status: int = 200, headers: dict[str, str] | Non
         body = encode_json(content)
     except (ValueError, RecursionError) as exc:  # UnicodeEncodeError is a ValueError
         if has_request_context() and request.blueprint in SANDBOXFUSION_BLUEPRINTS:
-            # SandboxFusion's answer, not a bug of the mock: not recorded as a server error.
-            if str(exc).startswith(_NOT_COMPLIANT):  # newer Pythons append the value
-                exc = ValueError(_NOT_COMPLIANT).with_traceback(exc.__traceback__)
-            return server_error_response(exc)
+            return Response(unencodable_answer_body(exc), status=500, content_type="application/json")
         body = encode_json_leniently(content)
     return Response(body, status=status, headers=headers, content_type="application/json")
+
+
+def unencodable_answer_body(exc: ValueError | RecursionError) -> bytes:
+    """SandboxFusion's 500 body for an answer :func:`encode_json` could not encode (NaN echoed, a
+    lone surrogate): its global handler's. That is SandboxFusion's answer, not a bug of the mock,
+    so it is not recorded as a server error."""
+    if str(exc).startswith(_NOT_COMPLIANT):  # newer Pythons append the value
+        exc = ValueError(_NOT_COMPLIANT).with_traceback(exc.__traceback__)
+    return server_error_body(exc)
 
 
 def encode_json(content: Any) -> bytes:
@@ -79,11 +85,15 @@ def server_error_content(exc: BaseException) -> dict[str, Any]:
     return {"detail": str(exc), "traceback": lines}
 
 
-def server_error_response(exc: BaseException) -> Response:
-    """SandboxFusion's 500 for ``exc``, always encodable (whatever the message holds)."""
+def server_error_body(exc: BaseException) -> bytes:
+    """The body of SandboxFusion's 500 for ``exc``, always encodable (whatever the message holds)."""
     content = server_error_content(exc)
     try:
-        body = encode_json(content)
+        return encode_json(content)
     except (ValueError, RecursionError):
-        body = encode_json_leniently(content)
-    return Response(body, status=500, content_type="application/json")
+        return encode_json_leniently(content)
+
+
+def server_error_response(exc: BaseException) -> Response:
+    """SandboxFusion's 500 for ``exc``."""
+    return Response(server_error_body(exc), status=500, content_type="application/json")
