@@ -104,6 +104,15 @@ def test_other_content_type(target: Target) -> None:
     assert detail[0]["input"] == "code=1&language=python"
 
 
+def test_other_content_type_that_is_not_utf8_is_the_global_500(target: Target) -> None:
+    # The 422 would echo the body as text; decoding it fails inside FastAPI's handler.
+    reply = target.post("/run_code", data=b'\xff\xfe{"code":1}', headers={"Content-Type": "text/plain"})
+    assert reply.status_code == 500
+    body = reply.json()
+    assert body["detail"] == "'utf-8' codec can't decode byte 0xff in position 0: invalid start byte"
+    assert isinstance(body["traceback"], list)
+
+
 def test_no_content_type_is_parsed_as_json(target: Target) -> None:
     reply = target.session.post(
         target.url + "/run_code", data=b'{"code": "print(1)", "language": "python"}', timeout=60

@@ -10,8 +10,8 @@ from mocksandbox.web import control_api, datasets_api, jupyter_api, sandbox_api,
 from mocksandbox.web.fast_path import RunCodeFastPath
 from mocksandbox.web.host_guard import HostGuard, HostPolicy
 from mocksandbox.web.middleware import MockLayer
-from mocksandbox.web.responses import json_response, server_error_response
-from mocksandbox.web.validation import BodyParseError, RequestValidationError
+from mocksandbox.web.responses import SANDBOXFUSION_BLUEPRINTS, json_response, server_error_response
+from mocksandbox.web.validation import BodyParseError, RequestValidationError, UndecodableTextError
 
 
 def create_app(sandbox: MockSandbox) -> Flask:
@@ -47,6 +47,9 @@ def create_app(sandbox: MockSandbox) -> Flask:
 
     @app.errorhandler(BodyParseError)
     def _body_parse_error(exc: BodyParseError) -> Response:
+        if isinstance(exc, UndecodableTextError) and request.blueprint in SANDBOXFUSION_BLUEPRINTS:
+            # SandboxFusion's answer (its global handler's 500), not a bug: not recorded.
+            return server_error_response(exc.error)
         return json_response({"detail": "There was an error parsing the body"}, status=400)
 
     @app.errorhandler(HTTPException)

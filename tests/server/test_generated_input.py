@@ -489,8 +489,8 @@ def nesting_depth(raw: bytes) -> int:
 def contract_allows_5xx(request: GeneratedRequest, status: int, answer: Any) -> bool:
     """Whether SandboxFusion answers ``status`` (5xx) with ``answer`` to this request (contract §0, §0.1, §4).
 
-    Its global handler's 500 (``{"detail", "traceback"}``), on its own endpoints only, when the
-    answer cannot be encoded: NaN or an infinity echoed by a 422 (the body holds such a token), a
+    Its global handler's 500 (``{"detail", "traceback"}``), on its own endpoints only, when a body
+    of a non-JSON content type is not UTF-8 (measured), or when the answer cannot be encoded: NaN or an infinity echoed by a 422 (the body holds such a token), a
     lone surrogate (the body holds one, escaped or encoded), or data nested past the encoder's recursion
     limit (a body nested nearly as deep as the parser allows). The dataset endpoints also answer
     400/500 ``{"detail": ...}`` of their own (unknown ids, datasets without data: §4).
@@ -510,7 +510,25 @@ def contract_allows_5xx(request: GeneratedRequest, status: int, answer: Any) -> 
         return SURROGATE_IN_BODY.search(request.raw) is not None
     if detail.startswith("maximum recursion depth exceeded"):
         return nesting_depth(request.raw) >= 900
+    if detail.startswith("'utf-8' codec can't decode byte"):
+        # A non-UTF-8 body of a non-JSON content type: FastAPI's decoding fails in its handler.
+        return not _is_utf8(request.raw) and not _is_json_content_type(request.content_type)
     return False
+
+
+def _is_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _is_json_content_type(content_type: str | None) -> bool:
+    if not content_type:
+        return True
+    kind = content_type.split(";", 1)[0].strip().lower()
+    return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
 
 
 def _seconds(value: Any, default: float) -> float:

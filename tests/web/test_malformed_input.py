@@ -446,3 +446,36 @@ def test_sandboxfusion_endpoints_are_the_contracts(app: Flask) -> None:
         if rule.endpoint.split(".")[0] in SANDBOXFUSION_BLUEPRINTS
     }
     assert faithful == {*SANDBOXFUSION_POSTS, "/v1/ping", "/list_datasets"}
+
+
+# -- a body of another content type that is not UTF-8 (measured on SandboxFusion 469de08) --------------
+
+
+@pytest.mark.parametrize("path", ["/run_code", "/run_jupyter", "/submit", "/get_prompts"])
+def test_undecodable_text_body_is_sandboxfusions_500(path: str) -> None:
+    """SandboxFusion: ``printf '\\xff\\xfe{...}' | curl -H 'Content-Type: text/plain' ...`` -> 500
+    ``{"detail": "'utf-8' codec can't decode byte 0xff in position 0: invalid start byte", ...}``."""
+    box = MockSandbox.create(Settings())
+    try:
+        reply = create_app(box).test_client().post(
+            path, data=b'\xff\xfe{"code":1}', headers={"Content-Type": "text/plain"}
+        )
+        assert reply.status_code == 500
+        body = reply.get_json()
+        assert body["detail"] == "'utf-8' codec can't decode byte 0xff in position 0: invalid start byte"
+        assert isinstance(body["traceback"], list)
+        assert box.take_errors() == []  # SandboxFusion's answer, not a bug of the mock
+    finally:
+        box.close()
+
+
+def test_undecodable_text_body_on_the_mocks_own_endpoints_is_a_clear_400() -> None:
+    box = MockSandbox.create(Settings())
+    try:
+        client = create_app(box).test_client()
+        for path in ("/start_instance", "/_mock/faults"):
+            reply = client.post(path, data=b"\xff\xfe", headers={"Content-Type": "text/plain"})
+            assert reply.status_code == 400, path
+            assert reply.get_json() == {"detail": "There was an error parsing the body"}
+    finally:
+        box.close()
