@@ -247,8 +247,8 @@ def _memory_v2_limit(directory: Path, label: str, shown: str) -> MemoryLimit | N
     return _memory_limit(directory, source, "memory.max", "memory.current", "inactive_file")
 
 
-def _own_cgroups(proc: Path) -> Iterator[tuple[str, str]]:
-    """``(controllers, path)`` of each line of ``/proc/self/cgroup``."""
+def own_cgroups(proc: Path = Path("/proc")) -> Iterator[tuple[str, str]]:
+    """``(controllers, path)`` of each line of ``/proc/self/cgroup`` (v2: controllers ``""``)."""
     try:
         lines = (proc / "self" / "cgroup").read_text().splitlines()
     except OSError:
@@ -275,7 +275,7 @@ def _limits_up_from(mount: Path, path: str, label: str, read: _Reader[L]) -> lis
 
 
 def _cgroup_v1_limits(proc: Path, sys_fs: Path, controller: str, read: _Reader[L]) -> list[L]:
-    for controllers, path in _own_cgroups(proc):
+    for controllers, path in own_cgroups(proc):
         if controller in controllers.split(","):
             return _limits_up_from(sys_fs / controller, path, "cgroup v1", read)
     return []
@@ -297,7 +297,7 @@ def _cgroup_v2_limits(proc: Path, read: _Reader[L]) -> list[L]:
     mount = _cgroup_v2_mount(proc)
     if mount is None:
         return []
-    for controllers, path in _own_cgroups(proc):
+    for controllers, path in own_cgroups(proc):
         if controllers == "":
             return _limits_up_from(mount, path, "cgroup v2", read)
     return []

@@ -31,6 +31,7 @@ from mocksandbox.execution.budget import (
     ProcessBudget,
     discover_memory_limits,
     discover_process_limits,
+    own_cgroups,
     plan_memory_budget,
     plan_process_budget,
 )
@@ -105,12 +106,12 @@ def _read(path: str) -> bytes:
         os.close(fd)
 
 
-def _own_cgroup_path(controller: str) -> str:
-    """This process's cgroup path in ``controller`` (v1), e.g. ``/`` or ``/docker/abc``."""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, names, path = line.split(":", 2)
-        if controller in names.split(","):
-            return path
+def own_cgroup_dir(controller: str) -> Path:
+    """This process's cgroup directory in the v1 ``controller`` hierarchy, e.g.
+    ``/sys/fs/cgroup/pids`` or ``/sys/fs/cgroup/pids/docker/abc``."""
+    for controllers, path in own_cgroups():
+        if controller in controllers.split(","):
+            return _CGROUP_ROOT / controller / path.lstrip("/")
     raise OSError(errno.ENOENT, f"controller {controller} not mounted")
 
 
@@ -289,7 +290,7 @@ class CgroupConfinement:
         # Several sandboxes may live in one process (tests, fixtures): each gets its own groups.
         self._instance = next(_INSTANCES)
         for controller in _CONTROLLERS:
-            home = _CGROUP_ROOT / controller / _own_cgroup_path(controller).lstrip("/")
+            home = own_cgroup_dir(controller)
             _remove_stale_parents(home)
             parent = home / f"mocksandbox-{os.getpid()}-{self._instance}"
             parent.mkdir(exist_ok=True)
@@ -300,8 +301,7 @@ class CgroupConfinement:
             _set_memory_limit(self._parents["memory"], self.memory_budget.runs_total)
         # The launcher is our child, so it sits in our own pids cgroup: rewriting its pid there
         # moves nothing but takes the lock that moves take (see forkserver.py).
-        own_pids_cgroup = _CGROUP_ROOT / "pids" / _own_cgroup_path("pids").lstrip("/")
-        self._warm_procs_file = str(own_pids_cgroup / "cgroup.procs")
+        self._warm_procs_file = str(self._parents["pids"].parent / "cgroup.procs")
         # Prove that a child group can be made, configured and removed before claiming to work.
         self.new_jail().remove()
 
@@ -309,9 +309,7 @@ class CgroupConfinement:
     def available(cls) -> bool:
         """Whether the v1 controllers are mounted and writable here."""
         try:
-            return all(
-                os.access(_CGROUP_ROOT / c / _own_cgroup_path(c).lstrip("/"), os.W_OK) for c in _CONTROLLERS
-            )
+            return all(os.access(own_cgroup_dir(c), os.W_OK) for c in _CONTROLLERS)
         except OSError:
             return False
 
