@@ -3,13 +3,7 @@ client pointed at the server."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 
@@ -47,56 +41,3 @@ def sf_endpoint(server: ServerThread) -> Iterator[str]:
         yield server.url
     finally:
         sf_config.SANDBOX_ENDPOINT, sf_config.DATASET_ENDPOINT = saved
-
-
-@dataclass
-class ServeProcess:
-    """A ``mocksandbox serve`` process started inside a cgroup, as a container would place it."""
-
-    url: str
-    process: subprocess.Popen[str]
-    banner: list[str]
-
-
-@pytest.fixture
-def serve_in_cgroup() -> Iterator[Callable[[Path, Path], ServeProcess]]:
-    """Start ``mocksandbox serve --port 0`` in a cgroup (``cgroup.procs`` of the dir given), with
-    its runs' temp dirs in a dir given; stopped (Ctrl-C, then killed) after the test."""
-    started: list[subprocess.Popen[str]] = []
-
-    def start(cgroup: Path, runs_dir: Path) -> ServeProcess:
-        env = {**os.environ, "MOCKSANDBOX_TMP_ROOT": str(runs_dir), "NO_PROXY": "127.0.0.1"}
-        # The shell moves itself into the cgroup, then becomes the server: everything it starts
-        # (launcher, relays, runs) is charged there from the first instruction.
-        command = f'echo $$ > {cgroup}/cgroup.procs && exec "$0" -m mocksandbox.cli serve --port 0'
-        process = subprocess.Popen(
-            ["/bin/sh", "-c", command, sys.executable],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-        )
-        started.append(process)
-        banner: list[str] = []
-        url = None
-        assert process.stdout is not None
-        while url is None:
-            line = process.stdout.readline()
-            if not line:
-                pytest.fail(f"server did not start:\n{''.join(banner)}")
-            banner.append(line)
-            if " serving on " in line:
-                url = line.rsplit(" ", 1)[1].strip()
-        while not banner[-1].startswith("  press Ctrl-C"):
-            banner.append(process.stdout.readline())
-        return ServeProcess(url, process, banner)
-
-    yield start
-    for process in started:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()

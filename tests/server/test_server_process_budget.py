@@ -11,20 +11,12 @@ as the bomb's zombies, handed to the machine's init, waited to be reaped.
 from __future__ import annotations
 
 import concurrent.futures
-import os
-import signal
-import subprocess
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import requests
-
-from mocksandbox.execution.confinement import CgroupConfinement
+from serve_process import ServeProcess, kill_and_remove, make_test_cgroup, start_serve, stop_serve
 
 pytestmark = pytest.mark.slow
 
@@ -35,85 +27,21 @@ PYTHON_FORK_BOMB = "import os, time\nwhile True:\n    try:\n        os.fork()\n 
 BASH_FORK_BOMB = "b(){ b | b & }; b; sleep 5"
 
 
-def _own_pids_cgroup() -> Path:
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "pids" in controllers.split(","):
-            return Path("/sys/fs/cgroup/pids") / path.lstrip("/")
-    raise FileNotFoundError("no v1 pids controller")
-
-
 @pytest.fixture
-def budget_cgroup() -> Iterator[Path]:
-    """A pids cgroup capped at :data:`SERVER_PIDS_MAX`, removed afterwards with all it holds."""
-    if not CgroupConfinement.available():
-        pytest.skip("cgroup v1 pids/memory/freezer controllers are not writable here: no budget cgroup")
-    group = _own_pids_cgroup() / f"mocksandbox-test-budget-{uuid.uuid4().hex[:8]}"
-    try:
-        group.mkdir()
-        (group / "pids.max").write_text(str(SERVER_PIDS_MAX))
-    except OSError as exc:
-        pytest.skip(f"cannot make a pids cgroup here: {exc}")
-    try:
-        yield group
-    finally:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            pids = [int(p) for p in (group / "cgroup.procs").read_text().split()]
-            if not pids:
-                break
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.05)
-        for child in sorted(group.rglob("*"), reverse=True):
-            if child.is_dir():
-                try:
-                    child.rmdir()
-                except OSError:
-                    pass
-        try:
-            group.rmdir()
-        except OSError:
-            pass
-
-
-@dataclass
-class BudgetServer:
-    url: str
-    process: subprocess.Popen[str]
-    cgroup: Path
-    runs_dir: Path
-    banner: list[str]
-
-    def run(self, code: str, language: str = "python", **fields: object) -> dict[str, object]:
-        response = requests.post(
-            f"{self.url}/run_code",
-            json={"code": code, "language": language, **fields},
-            timeout=60,
-            proxies={"http": "", "https": ""},
-        )
-        assert response.status_code == 200, response.text
-        answer: dict[str, object] = response.json()
-        return answer
-
-    def runs_parent(self) -> Path:
-        """The cgroup that holds every run's cgroup (``mocksandbox-<server pid>-<n>``)."""
-        (parent,) = self.cgroup.glob(f"mocksandbox-{self.process.pid}-*")
-        return parent
-
-
-@pytest.fixture
-def budget_server(
-    budget_cgroup: Path, tmp_path: Path, serve_in_cgroup: Callable[[Path, Path], Any]
-) -> BudgetServer:
-    """``mocksandbox serve`` started inside the budget cgroup (it joins before it execs)."""
+def budget_server(tmp_path: Path) -> Iterator[ServeProcess]:
+    """``mocksandbox serve`` inside a pids cgroup capped at :data:`SERVER_PIDS_MAX`, its runs' temp
+    dirs in ``tmp_path/runs``; the cgroup is removed afterwards with all it holds."""
+    group = make_test_cgroup("pids", "budget", lambda g: (g / "pids.max").write_text(str(SERVER_PIDS_MAX)))
     runs_dir = tmp_path / "runs"
     runs_dir.mkdir()
-    served = serve_in_cgroup(budget_cgroup, runs_dir)
-    return BudgetServer(served.url, served.process, budget_cgroup, runs_dir, served.banner)
+    try:
+        server = start_serve(cgroup=group, runs_dir=runs_dir)
+        try:
+            yield server
+        finally:
+            stop_serve(server.process)
+    finally:
+        kill_and_remove(group)
 
 
 def _assert_ordinary(answer: dict[str, object], expected: str) -> None:
@@ -122,19 +50,19 @@ def _assert_ordinary(answer: dict[str, object], expected: str) -> None:
     assert isinstance(run_result, dict) and run_result["stdout"] == expected, answer
 
 
-def _assert_nothing_left(server: BudgetServer) -> None:
+def _assert_nothing_left(server: ServeProcess) -> None:
     """No process of any run is left or still charged, and no temp dir: the server is up."""
     parent = server.runs_parent()
     deadline = time.monotonic() + 5
     while int((parent / "pids.current").read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert int((parent / "pids.current").read_text()) == 0, "a run's processes are still charged"
-    assert list(server.runs_dir.iterdir()) == []
+    assert server.runs_dir is not None and list(server.runs_dir.iterdir()) == []
     assert server.process.poll() is None
     _assert_ordinary(server.run("print(6*7)"), "42\n")
 
 
-def test_banner_states_the_budget(budget_server: BudgetServer) -> None:
+def test_banner_states_the_budget(budget_server: ServeProcess) -> None:
     (line,) = [line for line in budget_server.banner if "process budget:" in line]
     assert f"{SERVER_PIDS_MAX} (cgroup v1 pids.max of /" in line, line
     (confinement,) = [line for line in budget_server.banner if "confinement:" in line]
@@ -144,7 +72,7 @@ def test_banner_states_the_budget(budget_server: BudgetServer) -> None:
     assert runs_total < SERVER_PIDS_MAX - 32, "the server keeps a reserve for its own threads"
 
 
-def test_fork_bombs_then_ordinary_runs(budget_server: BudgetServer) -> None:
+def test_fork_bombs_then_ordinary_runs(budget_server: ServeProcess) -> None:
     """20 rounds: a fork bomb (python, then bash, alternately), then an ordinary run."""
     for round_number in range(20):
         if round_number % 2:
@@ -158,7 +86,7 @@ def test_fork_bombs_then_ordinary_runs(budget_server: BudgetServer) -> None:
     _assert_nothing_left(budget_server)
 
 
-def test_ordinary_runs_beside_concurrent_fork_bombs(budget_server: BudgetServer) -> None:
+def test_ordinary_runs_beside_concurrent_fork_bombs(budget_server: ServeProcess) -> None:
     """Four fork bombs at once while sixteen ordinary runs go on: every ordinary run is right."""
     with concurrent.futures.ThreadPoolExecutor(max_workers=20) as pool:
         bombs = [

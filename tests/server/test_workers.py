@@ -9,11 +9,7 @@ from any worker; and a killed worker is replaced while the other keeps answering
 from __future__ import annotations
 
 import concurrent.futures
-import os
-import re
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,13 +17,12 @@ from dataclasses import dataclass
 import psutil
 import pytest
 import requests
+from serve_process import NO_PROXY, start_serve, stop_serve
 
 from mocksandbox.sessions import InstanceRegistry
 from mocksandbox.sessions.scripted import diff_block
 
 pytestmark = pytest.mark.slow
-
-NO_PROXY = {"http": "", "https": ""}
 
 
 @dataclass
@@ -56,32 +51,12 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[Served]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "mocksandbox.cli", "serve", "--port", "0", "--workers", "2"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "NO_PROXY": "127.0.0.1"},
-    )
-    assert process.stdout is not None
-    lines = []
-    while not lines or not lines[-1].startswith("  press Ctrl-C"):
-        line = process.stdout.readline()
-        if not line:
-            pytest.fail("the server did not start:\n" + "".join(lines))
-        lines.append(line)
-    match = re.search(r"serving on (http://\S+) with 2 workers", lines[0])
-    assert match, lines[0]
-    server = Served(match.group(1), process, "".join(lines))
+    started = start_serve("--workers", "2")
+    assert " with 2 workers" in started.banner[0], started.banner[0]
     try:
-        yield server
+        yield Served(started.url, started.process, "".join(started.banner))
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_serve(started.process)
 
 
 @pytest.fixture(autouse=True)

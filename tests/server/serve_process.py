@@ -1,0 +1,137 @@
+"""``mocksandbox serve`` as a user starts it, for the server tests: a real process, optionally placed
+in a cgroup before it starts (as a container or a CI job would place it), and stopped with Ctrl-C.
+
+A plain module beside the tests (pytest puts this directory on ``sys.path``), so that the tests
+and fixtures that start servers share one way of doing it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+
+from mocksandbox.execution.confinement import CgroupConfinement, own_cgroup_dir
+
+NO_PROXY = {"http": "", "https": ""}
+
+
+@dataclass
+class ServeProcess:
+    """A running ``mocksandbox serve``: its URL, its process, the banner it printed, the cgroup it
+    was started in and the dir of its runs' temp dirs (if given)."""
+
+    url: str
+    process: subprocess.Popen[str]
+    banner: list[str]
+    cgroup: Path | None = None
+    runs_dir: Path | None = None
+
+    def run(self, code: str, language: str = "python", **fields: object) -> dict[str, object]:
+        """POST /run_code; the answer's JSON (it must be a 200)."""
+        response = requests.post(
+            f"{self.url}/run_code",
+            json={"code": code, "language": language, **fields},
+            timeout=60,
+            proxies=NO_PROXY,
+        )
+        assert response.status_code == 200, response.text
+        answer: dict[str, object] = response.json()
+        return answer
+
+    def runs_parent(self, cgroup: Path | None = None) -> Path:
+        """The cgroup holding every run's cgroup (``mocksandbox-<server pid>-<n>``) under ``cgroup``
+        (the one the server was started in, by default)."""
+        home = cgroup or self.cgroup
+        assert home is not None, "the server was not started in a cgroup"
+        (parent,) = home.glob(f"mocksandbox-{self.process.pid}-*")
+        return parent
+
+
+def start_serve(*args: str, cgroup: Path | None = None, runs_dir: Path | None = None) -> ServeProcess:
+    """``mocksandbox serve --port 0 ARGS``, ready (its banner read up to "press Ctrl-C"), in
+    ``cgroup`` and with its runs' temp dirs in ``runs_dir`` if given."""
+    command = [sys.executable, "-m", "mocksandbox.cli", "serve", "--port", "0", *args]
+    if cgroup is not None:
+        # The shell moves itself into the cgroup, then becomes the server: everything it starts
+        # (launcher, relays, runs) is charged there from the first instruction.
+        command = ["/bin/sh", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec "$@"', "sh", *command]
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={
+            **os.environ,
+            "NO_PROXY": "127.0.0.1",
+            **({"MOCKSANDBOX_TMP_ROOT": str(runs_dir)} if runs_dir is not None else {}),
+        },
+    )
+    assert process.stdout is not None
+    banner: list[str] = []
+    while not banner or not banner[-1].startswith("  press Ctrl-C"):
+        line = process.stdout.readline()
+        if not line:
+            stop_serve(process)
+            pytest.fail("the server did not start:\n" + "".join(banner))
+        banner.append(line)
+    match = re.search(r"serving on (http://\S+)", banner[0])
+    assert match, banner[0]
+    return ServeProcess(match.group(1), process, banner, cgroup, runs_dir)
+
+
+def stop_serve(process: subprocess.Popen[str], timeout: float = 60) -> None:
+    """Ctrl-C, as a user stops it; killed if it does not stop within ``timeout``."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def make_test_cgroup(controller: str, purpose: str, configure: Callable[[Path], None]) -> Path:
+    """A new v1 cgroup under this process's own in ``controller``, set up by ``configure``; the test
+    is skipped, with the reason, where one cannot be made. Remove it with :func:`kill_and_remove`."""
+    if not CgroupConfinement.available():
+        pytest.skip(f"cgroup v1 pids/memory/freezer controllers are not writable here: no {purpose} cgroup")
+    group = own_cgroup_dir(controller) / f"mocksandbox-test-{purpose}-{uuid.uuid4().hex[:8]}"
+    try:
+        group.mkdir()
+        configure(group)
+    except OSError as exc:
+        kill_and_remove(group)
+        pytest.skip(f"cannot make a {controller} cgroup here: {exc}")
+    return group
+
+
+def kill_and_remove(group: Path) -> None:
+    """Kill every task in ``group`` and the groups below it, then remove them all."""
+    groups = [group, *sorted((d for d in group.rglob("*") if d.is_dir()), reverse=True)]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        pids = [int(p) for g in groups if g.exists() for p in (g / "cgroup.procs").read_text().split()]
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+    for child in [*groups[1:], group]:
+        try:
+            child.rmdir()
+        except OSError:
+            pass
