@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from mocksandbox.core import MockSandbox
-from mocksandbox.execution.confinement import CgroupConfinement
-from mocksandbox.settings import load_settings
+from mocksandbox.execution.budget import MemoryBudget, ProcessBudget
+from mocksandbox.execution.confinement import CgroupConfinement, Confinement
+from mocksandbox.execution.engine import ExecutionEngine, create_engine
+from mocksandbox.execution.launcher import Launcher
+from mocksandbox.settings import Settings, load_settings
 
 
 @pytest.fixture(scope="module")
@@ -32,3 +35,27 @@ def sandbox(request: pytest.FixtureRequest, runs_dir: Path) -> Iterator[MockSand
     assert box.confinement.name == mode
     yield box
     box.close()
+
+
+@pytest.fixture
+def budgeted_engine(tmp_path: Path) -> Iterator[Callable[..., ExecutionEngine]]:
+    """Make real engines under cgroup confinement with the budgets given (``create_engine``, as the
+    server makes its own); each is closed after the test."""
+    if not CgroupConfinement.available():
+        pytest.skip("cgroup v1 pids/memory/freezer controllers are not writable here")
+    made: list[tuple[Confinement, Launcher]] = []
+
+    def make(
+        process_budget: ProcessBudget | None = None,
+        memory_budget: MemoryBudget | None = None,
+        exec_mode: str = "fork",
+    ) -> ExecutionEngine:
+        settings = Settings(tmp_root=str(tmp_path), exec_mode=exec_mode, confinement="cgroup")  # type: ignore[arg-type]
+        engine, confinement, launcher = create_engine(settings, process_budget, memory_budget)
+        made.append((confinement, launcher))
+        return engine
+
+    yield make
+    for confinement, launcher in made:
+        launcher.close()
+        confinement.close()

@@ -79,7 +79,6 @@ def test_launcher_rewrites_its_pid_into_the_warm_file_after_a_run(launcher: Laun
     assert warm_file.read_bytes() == str(launcher.pid).encode()
 
 
-
 def test_a_server_started_without_stderr_still_runs_programs(tmp_path: Path) -> None:
     """``mocksandbox serve 2>&-``: the launcher inherits no descriptor 2 and a Python with no
     ``sys.__stderr__``; programs still get three streams, stderr with CPython's error handler."""

@@ -4,8 +4,7 @@ together outgrow what the runs may use are OOM-killed among themselves."""
 from __future__ import annotations
 
 import concurrent.futures
-import os
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,11 +13,8 @@ from mocksandbox.core import MockSandbox
 from mocksandbox.execution import confinement as confinement_module
 from mocksandbox.execution.budget import MIB, MemoryBudget
 from mocksandbox.execution.confinement import CgroupConfinement
-from mocksandbox.execution.engine import ExecutionEngine, program_environment
-from mocksandbox.execution.launcher import Launcher
-from mocksandbox.execution.process import ProcessRunner
+from mocksandbox.execution.engine import ExecutionEngine
 from mocksandbox.models import RunCodeRequest, RunStatus
-from mocksandbox.settings import Settings
 
 needs_cgroups = pytest.mark.skipif(
     not CgroupConfinement.available(),
@@ -67,23 +63,12 @@ def _oom_kills(memory_cgroup: Path) -> int:
     return int(fields[fields.index("oom_kill") + 1])
 
 
-def _engine(confinement: CgroupConfinement, tmp_path: Path) -> Iterator[ExecutionEngine]:
-    settings = Settings(tmp_root=str(tmp_path))
-    launcher = Launcher(settings.python, program_environment(os.environ))
-    launcher.start()
-    try:
-        yield ExecutionEngine(settings, ProcessRunner(confinement, launcher, 1 << 20))
-    finally:
-        launcher.close()
-        confinement.close()
-
-
 @pytest.fixture
-def small_engine(tmp_path: Path) -> Iterator[ExecutionEngine]:
+def small_engine(budgeted_engine: Callable[..., ExecutionEngine]) -> ExecutionEngine:
     """All runs together may use 256 MiB (as if the server's own cgroup left that for them), one
     run 200 MiB."""
     budget = MemoryBudget(binding=None, server_reserve=0, runs_total=256 * MIB, per_run=200 * MIB)
-    yield from _engine(CgroupConfinement(512, 4096, memory_budget=budget), tmp_path)
+    return budgeted_engine(memory_budget=budget)
 
 
 @needs_cgroups

@@ -3,11 +3,10 @@ everything they started is reaped, and a cgroup that does not drain is never reu
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,11 +14,8 @@ import pytest
 from mocksandbox.execution import confinement as confinement_module
 from mocksandbox.execution.budget import ProcessBudget
 from mocksandbox.execution.confinement import CgroupConfinement
-from mocksandbox.execution.engine import ExecutionEngine, program_environment
-from mocksandbox.execution.launcher import Launcher
-from mocksandbox.execution.process import ProcessRunner
+from mocksandbox.execution.engine import ExecutionEngine
 from mocksandbox.models import CommandRunStatus, RunCodeRequest, RunStatus
-from mocksandbox.settings import Settings
 
 pytestmark = pytest.mark.skipif(
     not CgroupConfinement.available(),
@@ -27,30 +23,18 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _engine(
-    confinement: CgroupConfinement, tmp_path: Path, exec_mode: str = "fork"
-) -> Iterator[ExecutionEngine]:
-    settings = Settings(tmp_root=str(tmp_path), exec_mode=exec_mode)  # type: ignore[arg-type]
-    launcher = Launcher(settings.python, program_environment(os.environ))
-    launcher.start()
-    try:
-        yield ExecutionEngine(settings, ProcessRunner(confinement, launcher, 1 << 20))
-    finally:
-        launcher.close()
-        confinement.close()
-
-
 @pytest.fixture(params=["fork", "spawn"])
-def starved_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ExecutionEngine]:
+def starved_engine(
+    request: pytest.FixtureRequest, budgeted_engine: Callable[..., ExecutionEngine]
+) -> ExecutionEngine:
     """Runs may have one process in all: the relay fits, the program it forks never does."""
     budget = ProcessBudget(binding=None, server_reserve=0, runs_total=1, per_run=1)
-    yield from _engine(CgroupConfinement(512, 1024, budget), tmp_path, request.param)
+    return budgeted_engine(budget, exec_mode=request.param)
 
 
 @pytest.fixture
-def engine(tmp_path: Path) -> Iterator[ExecutionEngine]:
-    budget = ProcessBudget(binding=None, server_reserve=0, runs_total=256, per_run=64)
-    yield from _engine(CgroupConfinement(512, 1024, budget), tmp_path)
+def engine(budgeted_engine: Callable[..., ExecutionEngine]) -> ExecutionEngine:
+    return budgeted_engine(ProcessBudget(binding=None, server_reserve=0, runs_total=256, per_run=64))
 
 
 def test_a_run_that_cannot_start_is_a_sandbox_error_naming_the_cause(starved_engine: ExecutionEngine) -> None:
