@@ -1,22 +1,27 @@
 """The launcher: a small, single-threaded process that forks every run for the server.
 
 Started once per engine as ``<python> forkserver.py <socket fd>`` (standard library only, so any
-interpreter can run it, with nothing of the user's imported). For each request it forks a *relay*,
-which starts its own session, makes itself the OOM killer's first choice, joins the run's cgroups,
-forks the *program*, waits for it and reports its wait status. Two modes:
+interpreter can run it, with nothing of the user's imported). It forks *relays*; a relay forks
+one *program* per run, in a new session, made the OOM killer's first choice and moved into the
+run's cgroups, waits for it and reports its wait status. A relay serves one run at a time and many
+runs in its life: the server keeps the idle ones and sends a run straight to one of them, so a run
+costs one fork and no hop through the launcher; only when no relay is idle does the server send
+the run to the launcher, which forks a new relay for it. Two modes of program:
 
 ``exec``    the program ``execve``s ``/bin/bash -c <command>`` (every language; the plain spawn);
 ``python``  the program is this warm interpreter itself, turned into ``python <file>``: fresh
             module table, argv, cwd, environment, stdio, ``__main__``, exit handling. It skips
             the interpreter's start-up (tens of milliseconds) for a fork (well under one).
 
-Protocol, on a SOCK_SEQPACKET socket: the server sends one message per run, a JSON object
-with four file descriptors attached (stdin, stdout, stderr, status). On the status pipe the relay
-writes ``b"P"`` + its pid (8 bytes) once the program is started, then ``b"S"`` + the program's
-wait status (8 bytes, signed) when it has exited. A relay that dies first (a program killed its
-parent) closes the pipe without the ``S`` record. A run that could not be started (no process
-slot or memory left for the relay or the program) gets ``b"E"`` + the errno (8 bytes) instead: the
-server retries it or reports why, but never as a program's exit.
+Protocol, on SOCK_SEQPACKET sockets: one message per run, a JSON object with the run's four file
+descriptors attached (stdin, stdout, stderr, status). Sent to the launcher, a fifth descriptor
+rides along: the socket on which the new relay will take its later runs. On the status pipe the
+relay writes ``b"P"`` + the program's pid (8 bytes) once it is started, then ``b"S"`` + its wait
+status (8 bytes, signed) when it has exited, and closes the pipe: the relay is then ready for its
+next run. A relay that dies first (a program killed its parent) closes the pipe without the ``S``
+record; the server then drops it. A run that could not be started (no process slot or memory left
+for the relay or the program, a cgroup that cannot be joined) gets ``b"E"`` + the errno (8 bytes)
+instead: the server retries it or reports why, but never as a program's exit.
 
 The launcher is the *child subreaper* of everything it starts, with ``SIGCHLD`` ignored: a
 program's orphans (a fork bomb's, once their parents are killed) are handed to it and the kernel
@@ -24,8 +29,9 @@ reaps them the moment they die. Otherwise they would go to the machine's init, w
 time, and until then every zombie still counts against the ``pids.max`` of the run's cgroup and of
 every cgroup above it, the server's own included.
 
-Why a separate process: the server is multi-threaded and large; forking it per run is slow and
-unsafe, and a program that kills its parent must not kill the server.
+Why separate processes: the server is multi-threaded and large; forking it per run is slow and
+unsafe, and a program that kills its parent must not kill the server, nor the launcher: it kills
+its relay only, and that run alone reports -9.
 """
 
 import sys
@@ -85,8 +91,8 @@ def _join_cgroups(procs_files: list) -> None:
 
 
 def _prefer_for_oom_kill() -> None:
-    """Make this relay, and the program and everything it starts (they inherit it, across exec
-    too), the kernel OOM killer's first choice wherever memory runs out: in the machine, in a
+    """Make this program and everything it starts (they inherit it, across exec too) the kernel
+    OOM killer's first choice wherever memory runs out: in the machine, in a
     container's cgroup, in the runs' own. A run's processes go before the server, its launcher or
     a Jupyter kernel, even where no cgroup caps the runs' memory (process-group confinement). One
     small write; lowering the score needs privileges, raising it does not."""
@@ -116,10 +122,10 @@ class _ThreadStackDefault:
     Under SandboxFusion's ``memory_limit_MB`` (soft RLIMIT_STACK = RLIMIT_AS = N MiB) every new
     thread then asks for an N MiB stack inside an N MiB address space, so none can start ("can't
     start new thread"). A forked interpreter would keep the launcher's default instead, so before
-    forking a memory-limited Python run the launcher sets its own default (it starts no threads
+    forking a memory-limited Python run the relay sets its own default (it starts no threads
     itself) to what glibc would have derived, and puts its own back for the next unlimited run.
     Done here rather than in the program: ctypes calls in a fresh fork cost about 1.5 ms of page
-    faults, in the launcher a few microseconds. glibc only (``pthread_setattr_default_np``);
+    faults, in the relay a few microseconds. glibc only (``pthread_setattr_default_np``);
     elsewhere this does nothing.
     """
 
@@ -180,55 +186,125 @@ def _install_stdio(fds: list) -> None:
     os.closerange(3, _MAX_FDS)
 
 
-def _relay(request: dict, fds: list) -> None:
-    """In the relay: start the program in a new session and report how it ended."""
-    status_fd = fds[3]
-    os.setsid()
+def _relay(sock: _socket.socket, request: dict, fds: list, ran_fd: int) -> None:
+    """A relay's life: the run it was forked for, then each run the server sends on ``sock``, one
+    at a time, until the server closes it; never returns."""
     _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)  # the launcher ignores it; we must wait
-    # Blocked, not handled: the relay outlives a signal sent to its whole process group and can
-    # report how the program ended (only SIGKILL gets through). One call instead of one per signal.
-    _signal.pthread_sigmask(_signal.SIG_BLOCK, _ALL_SIGNALS)
-    _prefer_for_oom_kill()
-    _join_cgroups(request["cgroup_procs"])
-    try:
-        pid = os.fork()
-    except OSError as exc:  # EAGAIN: the cgroup's or the host's process budget is spent
-        _report_launch_error(status_fd, exc.errno)
-        os._exit(0)
-    if pid == 0:
-        try:
-            os.close(status_fd)
-            _install_stdio(fds[:3])
-            if request["mode"] == "python":
-                _become_python_program(request)
-            # A new program starts with default dispositions and nothing blocked.
-            for sig in _RESET_FOR_EXEC:
-                _signal.signal(sig, _signal.SIG_DFL)
-            _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
-            _apply_memory_limit(request.get("memory_limit_mb", -1))
-            os.chdir(request["cwd"])
-            # No "env": the launcher's own environment, which the server found equal to the run's.
-            env = request["env"] if request["env"] is not None else os.environ
-            os.execve(request["argv"][0], request["argv"], env)
-        except BaseException as exc:
-            try:
-                os.write(2, f"mocksandbox launcher: cannot start the program: {exc}\n".encode())
-            finally:
-                os._exit(127)
-    for fd in fds[:3]:
-        os.close(fd)
-    _write_all(status_fd, _STATUS_PID + os.getpid().to_bytes(8, "little"))
     while True:
+        _relay_one_run(request, fds)
+        try:  # "a run just happened": the launcher keeps the cgroup lock warm (_CgroupLockWarmer)
+            os.write(ran_fd, b".")
+        except OSError:
+            pass  # full (the launcher will wake anyway) or the launcher is gone
+        while True:
+            try:
+                received = _receive(sock, _RUN_FDS)
+            except OSError:
+                received = None
+            if received is None:
+                os._exit(0)  # the server closed our socket: it will send no more runs
+            request, fds = received
+            if request is not None:
+                break
+
+
+def _relay_one_run(request: dict, fds: list) -> None:
+    """Start the run's program, report its pid and, once it has exited, its wait status."""
+    status_fd = fds[3]
+    try:
+        _THREAD_STACKS.prepare(request)
+        pid = os.fork()
+    except OSError as exc:  # EAGAIN: the host's or the server's process budget is spent
+        _report_launch_error(status_fd, exc.errno)
+        _close_all(fds)
+        return
+    if pid == 0:
+        _start_program(request, fds)
+    _close_all(fds[:3])
+    try:
+        _write_all(status_fd, _STATUS_PID + pid.to_bytes(8, "little"))
+        while True:
+            try:
+                _, status = os.waitpid(pid, 0)
+                break
+            except InterruptedError:
+                continue
+            except ChildProcessError:
+                status = 255 << 8
+                break
+        _write_all(status_fd, _STATUS_EXIT + status.to_bytes(8, "little", signed=True))
+    except OSError:
+        pass  # the server gave up on this run (it closed its end): nobody to tell
+    finally:
+        os.close(status_fd)
+
+
+def _start_program(request: dict, fds: list) -> None:
+    """In the forked program: its own session, the run's cgroups and stdio, then the program
+    itself (``execve``, or this interpreter turned into ``python <file>``); never returns."""
+    status_fd = fds[3]
+    try:
+        os.setsid()
+        _prefer_for_oom_kill()
+        # Joined here, by the program, rather than by the relay: the relay stays outside the run's
+        # groups and can serve the next run. Nothing runs in the program before this line.
+        _join_cgroups(request["cgroup_procs"])
+    except BaseException as exc:
+        # The run never started: said on the status pipe, and why on the run's stderr.
+        _report_launch_error(status_fd, getattr(exc, "errno", None))
         try:
-            _, status = os.waitpid(pid, 0)
-            break
-        except InterruptedError:
-            continue
-        except ChildProcessError:
-            status = 255 << 8
-            break
-    _write_all(status_fd, _STATUS_EXIT + status.to_bytes(8, "little", signed=True))
-    os._exit(0)
+            os.write(fds[2], f"mocksandbox launcher: cannot start the run: {exc!r}\n".encode())
+        finally:
+            os._exit(0)
+    try:
+        os.close(status_fd)
+        _install_stdio(fds[:3])
+        if request["mode"] == "python":
+            _become_python_program(request)
+        # A new program starts with default dispositions and nothing blocked.
+        for sig in _RESET_FOR_EXEC:
+            _signal.signal(sig, _signal.SIG_DFL)
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
+        _apply_memory_limit(request.get("memory_limit_mb", -1))
+        os.chdir(request["cwd"])
+        # No "env": the launcher's own environment, which the server found equal to the run's.
+        env = request["env"] if request["env"] is not None else os.environ
+        os.execve(request["argv"][0], request["argv"], env)
+    except BaseException as exc:
+        try:
+            os.write(2, f"mocksandbox launcher: cannot start the program: {exc}\n".encode())
+        finally:
+            os._exit(127)
+
+
+def _close_all(fds: list) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _receive(sock: _socket.socket, fd_count: int) -> tuple | None:
+    """The next message on ``sock``: ``(request, fds)``, ``(None, [])`` for one that was not a
+    run (reported on its status pipe where it had one), or ``None`` once the peer has closed."""
+    data, ancillary, _, _ = sock.recvmsg(1 << 20, _socket.CMSG_SPACE(fd_count * 4))
+    if not data:
+        return None
+    fds = []
+    for level, kind, payload in ancillary:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            fds += [int.from_bytes(payload[i : i + 4], sys.byteorder) for i in range(0, len(payload), 4)]
+    try:
+        request = json.loads(data)
+        if len(fds) != fd_count:
+            raise ValueError(f"expected {fd_count} descriptors, got {len(fds)}")
+    except Exception as exc:
+        if len(fds) >= _RUN_FDS:
+            _report_launch_error(fds[3], getattr(exc, "errno", None))
+        _close_all(fds)
+        return None, []
+    return request, fds
 
 
 def _report_launch_error(status_fd: int, error: int | None) -> None:
@@ -309,6 +385,9 @@ def _make_program_stdio() -> tuple:
 
 #: Set by ``_serve`` before the first fork.
 _PROGRAM_STDIO: tuple = ()
+_THREAD_STACKS: "_ThreadStackDefault"
+#: The descriptors of a run: stdin, stdout, stderr, status.
+_RUN_FDS = 4
 #: The launcher's own std streams, referenced here so that a program replacing them does not pay
 #: for tearing them down (they never close their descriptors: CPython opens them closefd=False).
 _LAUNCHER_STDIO = (sys.stdin, sys.stdout, sys.stderr)
@@ -506,10 +585,14 @@ def _open_missing_std_fds() -> None:
 
 def _serve(sock: _socket.socket) -> None:
     import gc
+    import select
 
-    global _PROGRAM_STDIO
+    global _PROGRAM_STDIO, _THREAD_STACKS
     _PROGRAM_STDIO = _make_program_stdio()
+    _THREAD_STACKS = _ThreadStackDefault()
     _warm_up()
+    # Relays say "a run just happened" on this pipe (see _CgroupLockWarmer); never blocking them.
+    ran_r, ran_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
     _forget_launcher_modules()
     # Everything the launcher holds now lives for its whole life: keep the collector away from it,
     # so that a forked program's first collection does not touch (and copy) every page it shares.
@@ -520,52 +603,55 @@ def _serve(sock: _socket.socket) -> None:
     _become_subreaper()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's Ctrl-C is the server's business
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    fd_size = _socket.CMSG_LEN(4 * 4)
     warmer = _CgroupLockWarmer()
-    thread_stacks = _ThreadStackDefault()
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    poller.register(ran_r, select.POLLIN)
     while True:
-        sock.settimeout(warmer.timeout())
+        timeout = warmer.timeout()
         try:
-            data, ancillary, _, _ = sock.recvmsg(1 << 20, fd_size)
+            ready = poller.poll(None if timeout is None else timeout * 1000)
         except InterruptedError:
             continue
-        except TimeoutError:
+        if not ready:
             warmer.warm()
             continue
-        if not data:
-            return  # the server closed its end
-        fds = []
-        for level, kind, payload in ancillary:
-            if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
-                fds += [int.from_bytes(payload[i : i + 4], sys.byteorder) for i in range(0, len(payload), 4)]
-        try:
-            request = json.loads(data)
-            if len(fds) != 4:
-                raise ValueError(f"expected 4 descriptors, got {len(fds)}")
-            thread_stacks.prepare(request)
-            pid = os.fork()
-        except Exception as exc:
-            pid = -1
-            if len(fds) == 4:
-                _report_launch_error(fds[3], getattr(exc, "errno", None))
-        else:
-            if pid:
-                warmer.ran(request.get("warm_procs_file"))
-        if pid == 0:
-            try:
-                sock.close()
-                _relay(request, fds)
-            except BaseException as exc:
-                # The run never started: said on the status pipe, and why on the run's stderr.
-                _report_launch_error(fds[3], getattr(exc, "errno", None))
+        for fd, _ in ready:
+            if fd == ran_r:
                 try:
-                    os.write(fds[2], f"mocksandbox launcher: cannot start the run: {exc!r}\n".encode())
-                except OSError:
+                    while os.read(ran_r, 4096):
+                        pass
+                except BlockingIOError:
                     pass
-            finally:
-                os._exit(0)
-        for fd in fds:
-            os.close(fd)
+                warmer.ran(warmer.procs_file)
+                continue
+            try:
+                received = _receive(sock, _RUN_FDS + 1)
+            except InterruptedError:
+                continue
+            if received is None:
+                return  # the server closed its end
+            request, fds = received
+            if request is None:
+                continue
+            try:
+                pid = os.fork()
+            except OSError as exc:
+                _report_launch_error(fds[3], exc.errno)
+                _close_all(fds)
+                continue
+            if pid == 0:
+                try:
+                    sock.close()
+                    os.close(ran_r)
+                    relay_sock = _socket.socket(fileno=fds[4])
+                    _relay(relay_sock, request, fds[:4], ran_w)
+                except BaseException as exc:
+                    _report_launch_error(fds[3], getattr(exc, "errno", None))
+                finally:
+                    os._exit(0)
+            warmer.ran(request.get("warm_procs_file"))
+            _close_all(fds)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The server's side of the launcher (see ``forkserver.py``): start it, send it runs, restart it."""
+"""The server's side of the launcher (see ``forkserver.py``): start it, send it runs, restart it,
+and keep the relays it forked for the next runs."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 FORKSERVER_SCRIPT = Path(__file__).with_name("forkserver.py")
+#: Idle relays kept for the next runs (about the most runs in flight at once); more are let go.
+IDLE_RELAYS = 64
 
 
 class LauncherError(RuntimeError):
@@ -28,6 +31,8 @@ class Launcher:
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        self._idle_relays: list[socket.socket] = []
+        self._closed = False
         self.restarts = 0
 
     def _start(self) -> socket.socket:
@@ -56,10 +61,43 @@ class Launcher:
             if self._sock is None:
                 self._start()
 
-    def launch(self, request: Mapping[str, Any], fds: list[int]) -> None:
-        """Send one run (stdin, stdout, stderr and status descriptors attached)."""
+    def launch(self, request: Mapping[str, Any], fds: list[int]) -> socket.socket:
+        """Send one run (stdin, stdout, stderr and status descriptors attached) to an idle relay,
+        or to the launcher, which forks a new relay for it. Returns the relay's socket: give it
+        back with :meth:`release` once the run's status pipe is closed."""
         message = json.dumps(request).encode()
         ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+        while True:
+            with self._lock:
+                relay = self._idle_relays.pop() if self._idle_relays else None
+            if relay is None:
+                break
+            try:
+                relay.sendmsg([message], ancillary)
+                return relay
+            except OSError:
+                relay.close()  # it died between runs (killed from outside): try another
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            with_relay = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [*fds, theirs.fileno()]))]
+            self._send_to_launcher(message, with_relay)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        return ours
+
+    def release(self, relay: socket.socket, reusable: bool) -> None:
+        """Take back the relay of a finished run: kept for the next run when ``reusable`` (it
+        reported the run's end and closed the status pipe), closed otherwise (it then leaves)."""
+        with self._lock:
+            if reusable and not self._closed and len(self._idle_relays) < IDLE_RELAYS:
+                self._idle_relays.append(relay)
+                return
+        relay.close()
+
+    def _send_to_launcher(self, message: bytes, ancillary: list[tuple[int, int, array.array[int]]]) -> None:
         with self._lock:
             for attempt in range(2):
                 sock = self._sock or self._start()
@@ -67,7 +105,8 @@ class Launcher:
                     sock.sendmsg([message], ancillary)
                     return
                 except (BrokenPipeError, ConnectionResetError, ConnectionRefusedError) as exc:
-                    # The launcher died (a program may have killed it): start a new one, once.
+                    # The launcher died (killed from outside): start a new one, once. Its relays
+                    # live on and keep serving.
                     self._discard()
                     self.restarts += 1
                     if attempt:
@@ -84,8 +123,13 @@ class Launcher:
             self._proc = None
 
     def close(self) -> None:
-        """Stop the launcher (closing its socket ends its loop)."""
+        """Stop the launcher and its relays (closing their sockets ends their loops; a relay
+        busy with a run leaves when that run is given back)."""
         with self._lock:
+            self._closed = True
+            idle, self._idle_relays = self._idle_relays, []
+            for relay in idle:
+                relay.close()
             if self._sock is not None:
                 self._sock.close()
                 self._sock = None
@@ -96,6 +140,12 @@ class Launcher:
                     self._proc.kill()
                     self._proc.wait()
                 self._proc = None
+
+    @property
+    def idle_relays(self) -> int:
+        """How many relays wait for a run (each one a child of the launcher)."""
+        with self._lock:
+            return len(self._idle_relays)
 
     @property
     def pid(self) -> int | None:

@@ -7,9 +7,9 @@ negative return codes for signals.
 
 Beyond it: stdout and stderr are drained while the program runs and each is capped, so no program
 blocks on a full pipe; every process the run started is killed when it ends (SandboxFusion leaves
-orphans); and programs are started by the launcher (``forkserver.py``), never by forking the
-server: the program's parent is a relay, so a program that kills its parent takes down only the
-relay (the run then reports -9). In ``fork`` mode, Python programs skip the interpreter start-up.
+orphans); and programs are started by a relay of the launcher (``forkserver.py``), never by forking
+the server: a program that kills its parent takes down only that relay (the run then reports -9).
+In ``fork`` mode, Python programs skip the interpreter start-up.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import errno
 import math
 import os
 import selectors
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,8 +31,8 @@ _READ_CHUNK = 64 * 1024
 _WRITE_CHUNK = 64 * 1024
 #: How long to keep reading pipes after the run ended and its processes were killed.
 _DRAIN_GRACE_S = 2.0
-#: How long a relay may take to leave after reporting the program's exit.
-_RELAY_EXIT_GRACE_S = 0.5
+#: How long a relay may take to close the status pipe after reporting the program's exit.
+_RELAY_DONE_GRACE_S = 0.5
 
 
 @dataclass
@@ -202,8 +203,8 @@ class ProcessRunner:
             time.sleep(pause)
             pause = min(pause * 2, _LAUNCH_RETRY_MAX_S)
 
-    def _launch(self, jail: RunJail, spec: CommandSpec) -> tuple[int, int, int, int]:
-        """Start the run; our ends of (stdin, stdout, stderr, status)."""
+    def _launch(self, jail: RunJail, spec: CommandSpec) -> tuple[socket.socket, int, int, int, int]:
+        """Start the run; its relay, and our ends of (stdin, stdout, stderr, status)."""
         pipes = [os.pipe2(os.O_CLOEXEC) for _ in range(4)]
         (stdin_r, stdin_w), (stdout_r, stdout_w), (stderr_r, stderr_w), (status_r, status_w) = pipes
         request = {
@@ -218,19 +219,19 @@ class ProcessRunner:
             "memory_limit_mb": spec.memory_limit_mb,
         }
         try:
-            self.launcher.launch(request, [stdin_r, stdout_w, stderr_w, status_w])
+            relay = self.launcher.launch(request, [stdin_r, stdout_w, stderr_w, status_w])
         except BaseException:
             close_quietly(stdin_w, stdout_r, stderr_r, status_r)
             raise
         finally:
             close_quietly(stdin_r, stdout_w, stderr_w, status_w)
-        return stdin_w, stdout_r, stderr_r, status_r
+        return relay, stdin_w, stdout_r, stderr_r, status_r
 
     def _run_in(self, jail: RunJail, spec: CommandSpec, timeout: float) -> CommandRunResult:
         stdout = CapturedStream(self.max_output_bytes, bytearray())
         stderr = CapturedStream(self.max_output_bytes, bytearray())
         status = _StatusReader()
-        stdin_fd, stdout_fd, stderr_fd, status_fd = self._launch(jail, spec)
+        relay, stdin_fd, stdout_fd, stderr_fd, status_fd = self._launch(jail, spec)
         started = time.monotonic()
         deadline = started + (timeout if math.isfinite(timeout) else 365 * 24 * 3600.0)
         streams = {stdout_fd: stdout, stderr_fd: stderr}
@@ -286,13 +287,14 @@ class ProcessRunner:
             if status.pid is not None and isinstance(jail, ProcessGroupJail):
                 jail.attach(status.pid)
             if not timed_out:
-                # The relay leaves right after reporting; once it has, an orphan-free run leaves
-                # nothing to kill (and its cgroup can be reused as it is).
+                # The relay closes the status pipe right after reporting; once it has, it is ready
+                # for another run.
                 self._wait_for_relay(selector, status_fd, status, streams)
             # The run is over: nothing it started may outlive it (or keep our pipes open).
             jail.kill_all()
             drain_deadline = time.monotonic() + _DRAIN_GRACE_S
-            while any(fd in selector.get_map() for fd in streams):
+            # (The status pipe too: a timed-out run's relay reports the kill and is then reusable.)
+            while any(fd in selector.get_map() for fd in (*streams, status_fd)):
                 remaining = drain_deadline - time.monotonic()
                 if remaining <= 0:
                     break
@@ -305,6 +307,12 @@ class ProcessRunner:
                     elif fd == stdin_fd:
                         selector.unregister(fd)
         finally:
+            # A relay that said how its run ended and closed the status pipe serves the next one;
+            # one that did not (killed, or still waiting for a program past its deadline) leaves.
+            relay_done = status_fd not in selector.get_map() and (
+                status.wait_status is not None or status.launch_error is not None
+            )
+            self.launcher.release(relay, relay_done)
             selector.close()
             close_quietly(*open_fds)
 
@@ -331,7 +339,7 @@ class ProcessRunner:
         status: _StatusReader,
         streams: dict[int, CapturedStream],
     ) -> None:
-        deadline = time.monotonic() + _RELAY_EXIT_GRACE_S
+        deadline = time.monotonic() + _RELAY_DONE_GRACE_S
         while status_fd in selector.get_map():
             remaining = deadline - time.monotonic()
             if remaining <= 0:

@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 from mocksandbox.core import MockSandbox
+from mocksandbox.execution.launcher import Launcher
 from mocksandbox.models import CommandRunStatus, RunCodeRequest, RunCodeResponse, RunStatus
 
 
@@ -32,12 +33,19 @@ def processes_with(marker: str) -> list[psutil.Process]:
     return found
 
 
-def wait_gone_children(pid: int, within: float = 5.0) -> list[psutil.Process]:
-    """Descendants of ``pid`` still there after ``within`` seconds (relays exit just after a run)."""
+def wait_leftovers(launcher: Launcher, within: float = 5.0) -> list[psutil.Process]:
+    """Processes under the launcher still there after ``within`` seconds, but for its idle
+    relays: nothing below a relay (a program), and no more children than relays that wait for a
+    run (an orphan handed to the launcher, or a relay let go that has not left yet)."""
+    assert launcher.pid is not None
     deadline = time.monotonic() + within
-    while (alive := psutil.Process(pid).children(recursive=True)) and time.monotonic() < deadline:
+    while True:
+        children = psutil.Process(launcher.pid).children()
+        below = [p for child in children for p in child.children(recursive=True)]
+        extra = children[launcher.idle_relays :] if len(children) > launcher.idle_relays else []
+        if not (below or extra) or time.monotonic() >= deadline:
+            return below + extra
         time.sleep(0.02)
-    return alive
 
 
 def wait_gone(marker: str, within: float = 5.0) -> list[psutil.Process]:
@@ -54,11 +62,10 @@ def nothing_left(sandbox: MockSandbox, runs_dir: Path):
     # The server still answers, and every temp dir of the test's runs is gone.
     assert run(sandbox, "print('alive')").run_result.stdout == "alive\n"  # type: ignore[union-attr]
     assert list(runs_dir.iterdir()) == []
-    # Our children are launchers (this sandbox's, maybe other fixtures'), and ours has no relay
-    # or program left.
+    # Our children are launchers (this sandbox's, maybe other fixtures'), and ours has no program
+    # left, only relays waiting for the next run.
     assert all("forkserver.py" in " ".join(p.cmdline()) for p in psutil.Process().children())
-    launcher_pid = sandbox.engine.runner.launcher.pid  # type: ignore[attr-defined]
-    assert wait_gone_children(launcher_pid) == []
+    assert wait_leftovers(sandbox.engine.runner.launcher) == []  # type: ignore[attr-defined]
     # Python programs carry their code file's path (inside runs_dir) on their command line.
     assert wait_gone(str(runs_dir)) == []
 

@@ -6,16 +6,17 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from mocksandbox.execution import confinement as confinement_module
 from mocksandbox.execution.budget import ProcessBudget
-from mocksandbox.execution.confinement import CgroupConfinement
+from mocksandbox.execution.confinement import CgroupConfinement, own_cgroup_dir
 from mocksandbox.execution.engine import ExecutionEngine
-from mocksandbox.models import CommandRunStatus, RunCodeRequest, RunStatus
+from mocksandbox.models import CommandRunStatus, RunCodeRequest, RunCodeResponse, RunStatus
 
 pytestmark = pytest.mark.skipif(
     not CgroupConfinement.available(),
@@ -23,24 +24,33 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(params=["fork", "spawn"])
-def starved_engine(
-    request: pytest.FixtureRequest, budgeted_engine: Callable[..., ExecutionEngine]
-) -> ExecutionEngine:
-    """Runs may have one process in all: the relay fits, the program it forks never does."""
-    budget = ProcessBudget(binding=None, server_reserve=0, runs_total=1, per_run=1)
-    return budgeted_engine(budget, exec_mode=request.param)
-
-
 @pytest.fixture
-def engine(budgeted_engine: Callable[..., ExecutionEngine]) -> ExecutionEngine:
-    return budgeted_engine(ProcessBudget(binding=None, server_reserve=0, runs_total=256, per_run=64))
+def launcher_cgroup(
+    budgeted_engine: Callable[..., ExecutionEngine],
+) -> Iterator[tuple[ExecutionEngine, Path]]:
+    """A real engine whose launcher (and so every relay it forks) was moved into a pids cgroup of
+    its own, whose ``pids.max`` the test sets; moved back and the group removed after it."""
+    engine = budgeted_engine(exec_mode="fork")
+    launcher = engine.runner.launcher  # type: ignore[attr-defined]
+    home = own_cgroup_dir("pids")
+    group = home / f"mocksandbox-test-starved-{uuid.uuid4().hex[:8]}"
+    group.mkdir()
+    try:
+        (group / "cgroup.procs").write_text(str(launcher.pid))
+        # The launcher keeps the cgroup lock warm by rewriting its pid into its own group: here.
+        engine.runner.confinement._warm_procs_file = str(group / "cgroup.procs")  # type: ignore[attr-defined]
+        yield engine, group
+    finally:
+        (group / "pids.max").write_text("max")
+        for pid in (group / "cgroup.procs").read_text().split():
+            try:
+                (home / "cgroup.procs").write_text(pid)
+            except OSError:
+                pass  # gone meanwhile
+        group.rmdir()
 
 
-def test_a_run_that_cannot_start_is_a_sandbox_error_naming_the_cause(starved_engine: ExecutionEngine) -> None:
-    started = time.monotonic()
-    answer = starved_engine.run_code(RunCodeRequest(code="print(1)", language="python", run_timeout=0.5))
-    waited = time.monotonic() - started
+def _assert_cannot_start(answer: RunCodeResponse, waited: float) -> None:
     assert answer.status == RunStatus.SandboxError
     assert answer.run_result is not None
     # Never a made-up exit of a program that did not start.
@@ -51,6 +61,38 @@ def test_a_run_that_cannot_start_is_a_sandbox_error_naming_the_cause(starved_eng
     assert "tried " in answer.message  # retried with back-off...
     assert waited < 5, "...within the run's own timeout"
     assert answer.message == answer.run_result.stderr
+
+
+def test_a_run_with_no_room_for_a_relay_is_a_sandbox_error_naming_the_cause(
+    launcher_cgroup: tuple[ExecutionEngine, Path],
+) -> None:
+    engine, group = launcher_cgroup
+    (group / "pids.max").write_text("1")  # the launcher alone: it cannot fork a relay
+    started = time.monotonic()
+    answer = engine.run_code(RunCodeRequest(code="print(1)", language="python", run_timeout=0.5))
+    _assert_cannot_start(answer, time.monotonic() - started)
+
+
+def test_a_relay_with_no_room_for_its_program_is_a_sandbox_error_naming_the_cause(
+    launcher_cgroup: tuple[ExecutionEngine, Path],
+) -> None:
+    engine, group = launcher_cgroup
+    first = engine.run_code(RunCodeRequest(code="print(1)", language="python"))
+    assert first.run_result is not None and first.run_result.stdout == "1\n"
+    # The launcher and the relay that ran it (now idle): no room for the relay's next program.
+    (group / "pids.max").write_text((group / "pids.current").read_text())
+    started = time.monotonic()
+    answer = engine.run_code(RunCodeRequest(code="print(1)", language="python", run_timeout=0.5))
+    _assert_cannot_start(answer, time.monotonic() - started)
+    # Room again: the same relays serve the next run.
+    (group / "pids.max").write_text("max")
+    answer = engine.run_code(RunCodeRequest(code="print(2)", language="python"))
+    assert answer.run_result is not None and answer.run_result.stdout == "2\n"
+
+
+@pytest.fixture
+def engine(budgeted_engine: Callable[..., ExecutionEngine]) -> ExecutionEngine:
+    return budgeted_engine(ProcessBudget(binding=None, server_reserve=0, runs_total=256, per_run=64))
 
 
 def test_a_fork_bomb_is_reaped_before_it_is_answered(engine: ExecutionEngine) -> None:
