@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Generic, TypeVar
 
-#: Processes and threads kept for the server itself (request threads, launcher, relays on their
-#: way into a run's cgroup, kernels, git) whatever the budget: at least this many...
+#: Processes and threads kept for the server itself (request threads, launcher, relays (one per run
+#: in flight, each run's program on its way into the run's cgroup), kernels, git) whatever the
+#: budget: at least this many...
 MIN_SERVER_RESERVE = 64
 #: ...and at least this fraction of the headroom (of processes and of memory alike).
 SERVER_RESERVE_FRACTION = 0.25
