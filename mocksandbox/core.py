@@ -117,6 +117,7 @@ class MockSandbox:
             worker_name=worker_name,
         )
         box._closers.append(launcher.close)
+        box._closers.append(engine.close)
         if settings.jupyter_prewarm:
             box.jupyter.warm()  # in the background: start-up does not wait for kernels
         return box

@@ -18,6 +18,7 @@ from mocksandbox.execution.confinement import Confinement, create_confinement
 from mocksandbox.execution.languages import LANGUAGES, LanguageSpec, find_scala_object_name
 from mocksandbox.execution.launcher import Launcher
 from mocksandbox.execution.process import CommandSpec, ProcessRunner
+from mocksandbox.execution.workdirs import WorkdirPool
 from mocksandbox.models import (
     CommandRunResult,
     CommandRunStatus,
@@ -106,8 +107,14 @@ class ExecutionEngine:
         }
         self._cpp_flags: list[str] | None = None
         self._cpp_flags_lock = threading.Lock()
+        #: Each run's temp dir; an empty one is kept for the next run (workdirs.py).
+        self.workdirs = WorkdirPool(settings.tmp_root)
 
     # -- public API ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Remove the temp dirs kept for later runs."""
+        self.workdirs.close()
 
     def run_code(self, request: RunCodeRequest) -> RunCodeResponse:
         """Answer one validated request as SandboxFusion would; never raises."""
@@ -150,7 +157,7 @@ class ExecutionEngine:
         if "cpp_flags" in spec.needs:
             placeholders["cpp_flags"] = " ".join(map(shlex.quote, self._detect_cpp_flags()))
 
-        workdir = tempfile.mkdtemp(dir=self.settings.tmp_root)
+        workdir = self.workdirs.take()
         code_path: str | None = None
         try:
             if spec.restores_files:
@@ -192,7 +199,7 @@ class ExecutionEngine:
                 )
             return compile_result, run_result, fetch_files(workdir, request.fetch_files)
         finally:
-            remove_workdir(workdir, code_path)
+            self.workdirs.give_back(workdir, code_path)
 
     def _command(
         self,
@@ -274,17 +281,6 @@ class ExecutionEngine:
                     shutil.rmtree(workdir, ignore_errors=True)
                 self._cpp_flags = flags
             return self._cpp_flags
-
-
-def remove_workdir(workdir: str, code_path: str | None) -> None:
-    """Remove a run's temp dir. Most runs leave only their code file: two system calls then, where
-    ``shutil.rmtree`` would open, stat and scan the directory first."""
-    try:
-        if code_path is not None:
-            os.unlink(code_path)
-        os.rmdir(workdir)
-    except OSError:
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def restore_files(workdir: str, files: Mapping[str, str | None]) -> None:

@@ -1,0 +1,103 @@
+"""Run temp dirs kept for the next run: only when a run left its own dir empty and as it was made."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mocksandbox.core import MockSandbox
+from mocksandbox.execution.workdirs import IDLE_WORKDIRS, WorkdirPool
+from mocksandbox.models import RunCodeRequest, RunStatus
+from mocksandbox.settings import load_settings
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> Iterator[WorkdirPool]:
+    made = WorkdirPool(str(tmp_path))
+    yield made
+    made.close()
+
+
+def test_an_empty_dir_is_reused_and_the_code_file_removed(pool: WorkdirPool) -> None:
+    first = pool.take()
+    assert Path(first).parent == Path(pool.root or "") and Path(first).name.startswith("tmp")
+    assert oct(os.stat(first).st_mode & 0o777) == oct(0o700)
+    code = Path(first, "tmpcode.py")
+    code.write_text("print(1)")
+    pool.give_back(first, str(code))
+    assert not code.exists()
+    assert pool.take() == first
+
+
+def test_a_dir_with_files_left_is_removed(pool: WorkdirPool) -> None:
+    first = pool.take()
+    Path(first, "out.txt").write_text("left behind")
+    pool.give_back(first, None)
+    assert not Path(first).exists()
+    assert pool.take() != first
+
+
+def test_a_dir_whose_mode_changed_is_not_reused(pool: WorkdirPool) -> None:
+    first = pool.take()
+    os.chmod(first, 0o777)
+    pool.give_back(first, None)
+    assert not Path(first).exists()
+
+
+def test_a_dir_replaced_by_a_symlink_is_unlinked_never_followed(pool: WorkdirPool, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (elsewhere / "precious").write_text("keep me")
+    first = pool.take()
+    os.rmdir(first)
+    os.symlink(elsewhere, first)
+    pool.give_back(first, os.path.join(first, "tmpcode.py"))
+    assert not os.path.lexists(first)
+    assert (elsewhere / "precious").read_text() == "keep me"
+    assert pool.take() != first
+
+
+def test_at_most_the_idle_limit_is_kept_and_close_removes_them(tmp_path: Path) -> None:
+    pool = WorkdirPool(str(tmp_path))
+    taken = [pool.take() for _ in range(IDLE_WORKDIRS + 3)]
+    for path in taken:
+        pool.give_back(path, None)
+    assert len(list(tmp_path.iterdir())) == IDLE_WORKDIRS
+    pool.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_runs_through_the_engine_reuse_dirs_and_a_program_cannot_redirect_the_next(tmp_path: Path) -> None:
+    """A program that swaps its dir for a symlink to another dir: the next run gets a fresh dir, and
+    nothing is written to or removed from the symlink's target."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "precious").write_text("keep me")
+    box = MockSandbox.create(load_settings(overrides={"tmp_root": str(runs)}))
+    try:
+
+        def cwd_of(code: str) -> str:
+            answer = box.engine.run_code(RunCodeRequest(code=code, language="python"))
+            assert answer.status == RunStatus.Success, answer
+            assert answer.run_result is not None and answer.run_result.stdout is not None
+            return answer.run_result.stdout.strip()
+
+        first = cwd_of("import os; print(os.getcwd())")
+        assert cwd_of("import os; print(os.getcwd())") == first  # reused: it was left empty
+        swapped = cwd_of(
+            "import os\nd = os.getcwd()\nos.chdir('/')\nfor f in os.listdir(d): os.unlink(os.path.join(d, f))\n"
+            f"os.rmdir(d)\nos.symlink({str(target)!r}, d)\nprint(d)"
+        )
+        assert swapped == first
+        after = cwd_of("import os; print(os.getcwd())")
+        assert after != first and os.path.realpath(after) == after
+        assert sorted(p.name for p in target.iterdir()) == ["precious"]
+        assert not os.path.lexists(first)
+    finally:
+        box.close()
+    assert list(runs.iterdir()) == []
