@@ -70,6 +70,15 @@ def engine_with(settings: Settings, runner: FakeRunner) -> ExecutionEngine:
     return ExecutionEngine(settings, runner)
 
 
+def assert_nothing_left(engine: ExecutionEngine, tmp_root: Path) -> None:
+    """The runs' files are gone: what is left under ``tmp_root`` is empty temp dirs kept for the
+    next runs, and they go when the engine closes."""
+    left = list(tmp_root.iterdir())
+    assert all(d.is_dir() and not any(d.iterdir()) for d in left), left
+    engine.close()
+    assert list(tmp_root.iterdir()) == []
+
+
 def request(**fields: object) -> RunCodeRequest:
     return RunCodeRequest.model_validate(fields)
 
@@ -83,7 +92,8 @@ def b64(data: bytes) -> str:
 
 def test_python_runs_once_in_a_fresh_temp_dir(settings: Settings, tmp_root: Path) -> None:
     runner = FakeRunner(lambda spec: finished(0, "1\n"))
-    response = engine_with(settings, runner).run_code(
+    engine = engine_with(settings, runner)
+    response = engine.run_code(
         request(code="print(1)", language="python", stdin="in", run_timeout=3, memory_limit_MB=64)
     )
     assert response.status == RunStatus.Success and response.message == ""
@@ -99,7 +109,7 @@ def test_python_runs_once_in_a_fresh_temp_dir(settings: Settings, tmp_root: Path
     assert call.code_text == "print(1)"
     assert (spec.stdin, spec.timeout, spec.memory_limit_mb) == (b"in", 3, 64)
     assert spec.env["PATH"].startswith("/opt/py/bin:")
-    assert list(tmp_root.iterdir()) == [], "the temp dir is removed after the run"
+    assert_nothing_left(engine, tmp_root)
 
 
 def test_null_stdin_is_passed_as_none(settings: Settings) -> None:
@@ -318,11 +328,12 @@ def test_runner_exception_becomes_a_sandbox_error(settings: Settings, tmp_root: 
     def explode(spec: CommandSpec) -> CommandRunResult:
         raise RuntimeError("runner broke")
 
-    response = engine_with(settings, FakeRunner(explode)).run_code(request(code="x", language="python"))
+    engine = engine_with(settings, FakeRunner(explode))
+    response = engine.run_code(request(code="x", language="python"))
     assert response.status == RunStatus.SandboxError
     assert response.message == "exception on running code x: runner broke None"
     assert (response.compile_result, response.run_result) == (None, None)
-    assert list(tmp_root.iterdir()) == [], "the temp dir is removed on errors too"
+    assert_nothing_left(engine, tmp_root)  # on errors too
 
 
 def test_lone_surrogates_are_dropped_from_stdin(settings: Settings) -> None:
