@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # Test-only packages (verl's client files), apart from the serve environment.
 TEST_VENDOR := $(VENV)/test-vendor
 
-.PHONY: serve test test-fast lint typecheck bench clean
+.PHONY: serve test test-fast lint typecheck bench clean runtime
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,14 @@ test: lint typecheck
 # The same without the slow suites (pytester runs, Ray clusters), for a quick local loop.
 test-fast: lint typecheck
 	$(BIN)/python -m pytest -n 2 -m "not slow" $(PYTEST_ARGS)
+
+# Toolchains (Debian packages, as root; otherwise it prints the sudo line) and SandboxFusion's
+# runtime libraries (jars, node_modules, Go sources, a Python venv) for every language this
+# machine can get, into the runtime dir (MOCKSANDBOX_RUNTIME_DIR, default ~/.local/share/...).
+# Idempotent: a second run checks and does nothing. `make test` then runs the per-language tests.
+runtime: $(VENV)/.installed-serve
+	$(BIN)/mocksandbox runtime install --all
+	$(BIN)/mocksandbox languages
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/bench_run_code.py

@@ -30,6 +30,7 @@ def _serve(args: argparse.Namespace) -> int:
                 "host": args.host,
                 "port": args.port,
                 "python": args.python,
+                "runtime_dir": args.runtime_dir,
                 "confinement": args.confinement,
                 "exec_mode": args.exec_mode,
                 "max_output_bytes": args.max_output_bytes,
@@ -143,6 +144,7 @@ def sandbox_banner(sandbox: MockSandbox, settings: Settings) -> list[str]:
     ]
     lines.append(f"  memory budget: {sandbox.confinement.memory_budget.describe()}")
     lines.append(f"  user python: {settings.python} (exec mode: {settings.exec_mode})")
+    lines.append(f"  runtime: {describe_runtime(settings)}")
     if settings.max_in_flight:
         lines.append(f"  cap: {settings.max_in_flight} in flight, then {settings.overload}")
     if sandbox.fault_rules():
@@ -166,6 +168,14 @@ def sandbox_banner(sandbox: MockSandbox, settings: Settings) -> list[str]:
         lines.append(f"  swedev backend: tests run with {backend.describe()}")
     lines.append(f"  swedev isolation: {sessions.isolation()[1]}")
     return lines
+
+
+def describe_runtime(settings: Settings) -> str:
+    """What ``serve`` found of the runtime (``mocksandbox languages`` says more)."""
+    from mocksandbox.runtime.layout import RuntimeDir
+    from mocksandbox.runtime.report import runtime_summary
+
+    return runtime_summary(RuntimeDir(settings.runtime_dir), settings.python)
 
 
 def _serve_workers(settings: Settings) -> int:
@@ -229,6 +239,7 @@ EXTRA_COMMAND_MODULES = (
     "mocksandbox.contract.command",  # mocksandbox contract
     "mocksandbox.stress.command",  # mocksandbox stress
     "mocksandbox.tools.command",  # mocksandbox rollout
+    "mocksandbox.runtime.command",  # mocksandbox runtime install, mocksandbox languages
 )
 
 
@@ -247,6 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", metavar="FILE", help="settings file (.toml, .yaml or .json)")
     serve.add_argument(
         "--python", metavar="PATH", help="interpreter for user Python code (default: this one)"
+    )
+    serve.add_argument(
+        "--runtime-dir", metavar="DIR", help="toolchain shims and runtime libraries (`runtime install`)"
     )
     serve.add_argument(
         "--confinement",

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from mocksandbox.runtime.layout import RuntimeDir, default_runtime_dir
 
 ENV_PREFIX = "MOCKSANDBOX_"
 
@@ -30,8 +32,12 @@ class Settings(BaseModel):
 
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
-    #: Interpreter for user Python code (``python`` and ``pytest``); the server's own by default.
+    #: Interpreter for user Python code (``python`` and ``pytest``): by default the runtime dir's
+    #: (``mocksandbox runtime install --languages python``) if it has one, else the server's own.
     python: str = Field(default_factory=lambda: sys.executable)
+    #: SandboxFusion's runtime libraries and toolchain shims (``mocksandbox runtime install``); see
+    #: :mod:`mocksandbox.runtime`. A dir that does not exist means none: runs go without them.
+    runtime_dir: str = Field(default_factory=default_runtime_dir)
     #: Where per-request temp dirs are made; the system temp dir (``/tmp``) by default, as in SandboxFusion.
     tmp_root: str | None = None
     #: Cap per output stream. SandboxFusion returns ~210 KB complete; we drain and keep this much.
@@ -124,6 +130,16 @@ class Settings(BaseModel):
     jupyter_launcher: Literal["fork", "spawn"] = "fork"
     #: Seconds a kernel may take to start before the request fails.
     jupyter_startup_timeout_s: float = Field(60.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _runtime_python(cls, data: Any) -> Any:
+        # Only when no interpreter was named: an explicit --python (or MOCKSANDBOX_PYTHON) wins.
+        if isinstance(data, dict) and data.get("python") is None:
+            runtime_python = RuntimeDir(data.get("runtime_dir") or default_runtime_dir()).python()
+            if runtime_python is not None:
+                data = {**data, "python": runtime_python}
+        return data
 
     @field_validator("allowed_hosts", mode="before")
     @classmethod

@@ -27,6 +27,7 @@ from mocksandbox.models import (
     RunStatus,
     derive_run_status,
 )
+from mocksandbox.runtime.layout import RuntimeDir
 from mocksandbox.settings import Settings
 
 #: Variables of the server's environment that must not steer a user's program: a pytest run inside
@@ -109,6 +110,13 @@ class ExecutionEngine:
         self._cpp_flags_lock = threading.Lock()
         #: Each run's temp dir; an empty one is kept for the next run (workdirs.py).
         self.workdirs = WorkdirPool(settings.tmp_root)
+        # SandboxFusion's runtime libraries (mocksandbox.runtime): each language's environment
+        # with them is worked out once, so runs of a language share one mapping.
+        self.runtime = RuntimeDir(settings.runtime_dir)
+        self._language_env = {
+            name: self.runtime.environment(spec, self._python_env if spec.python_env else self._base_env)
+            for name, spec in LANGUAGES.items()
+        }
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -163,7 +171,8 @@ class ExecutionEngine:
             if spec.restores_files:
                 restore_files(workdir, request.files)
             placeholders["dir"] = shlex.quote(workdir)
-            env = self._python_env if spec.python_env else self._base_env
+            placeholders.update(self.runtime.prepare_workdir(spec, workdir, request.files))
+            env = self._language_env[spec.name]
             if spec.setup_command is not None:
                 # Before the code is written, as SandboxFusion does: C#'s `dotnet new console`
                 # makes a template Program.cs that the user's code then replaces.
@@ -249,8 +258,9 @@ class ExecutionEngine:
     def _write_code(workdir: str, spec: LanguageSpec, code: str) -> str:
         if spec.prepare_code is not None:
             code = spec.prepare_code(code)
-        if spec.file_name is not None:
-            path = os.path.join(workdir, spec.file_name)
+        file_name = spec.file_name if spec.code_file_name is None else spec.code_file_name(code)
+        if file_name is not None:
+            path = os.path.join(workdir, file_name)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         else:
             fd, path = tempfile.mkstemp(suffix=spec.suffix, dir=workdir, text=True)

@@ -15,7 +15,7 @@ from mocksandbox.execution.languages import (
 )
 from mocksandbox.models import ALL_LANGUAGES
 
-PLACEHOLDERS = {"file", "dir", "python", "pytest", "cpp_flags", "object_name"}
+PLACEHOLDERS = {"file", "dir", "python", "pytest", "cpp_flags", "object_name", "classpath"}
 
 
 def fields_of(template: str) -> set[str]:
@@ -47,7 +47,7 @@ def test_entry_is_consistent(name: str) -> None:
     assert (spec.suffix != "") != (spec.file_name is not None), "a random suffix or a fixed name, not both"
     used = set().union(*(fields_of(t) for t in templates(spec)))
     assert used <= PLACEHOLDERS
-    assert used & {"cpp_flags", "object_name"} <= spec.needs
+    assert used & {"cpp_flags", "object_name", "classpath"} <= spec.needs
     assert spec.has_compile_step == (spec.compile_command is not None)
     assert name in TOOLCHAIN_BINARIES
 
@@ -86,7 +86,7 @@ def test_code_file_names_as_sandboxfusion(name: str, suffix: str, file_name: str
         ("python", None, "{python} {file}"),
         ("cpp", "g++ -std=c++17 {file} -o test {cpp_flags}", "./test"),
         ("bash", None, "/bin/bash {file}"),
-        ("java", "javac -cp .:javatuples-1.2.jar Main.java", "java -cp .:javatuples-1.2.jar -ea Main"),
+        ("java", "javac -cp {classpath} Main.java", "java -cp {classpath} -ea Main"),
         ("rust", "rustc {file} -o test", "./test"),
         ("go", "go build -o out {file}", "./out"),
         ("nodejs", None, "node {file}"),

@@ -19,9 +19,11 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
     return path
 
 
-def test_defaults() -> None:
-    settings = load_settings(environ={})
+def test_defaults(tmp_path: Path) -> None:
+    # (An empty runtime dir: one with a Python venv would give the user interpreter instead.)
+    settings = load_settings(environ={"MOCKSANDBOX_RUNTIME_DIR": str(tmp_path)})
     assert (settings.host, settings.port) == ("127.0.0.1", 8080)
+    assert settings.runtime_dir == str(tmp_path)
     assert settings.python == sys.executable
     assert settings.tmp_root is None
     assert settings.confinement == "auto"

@@ -1,0 +1,7 @@
+"""SandboxFusion's runtime: toolchains and the libraries its runners give programs.
+
+:mod:`~mocksandbox.runtime.layout` reads a runtime dir (the engine asks it per run),
+:mod:`~mocksandbox.runtime.catalog` says what each language needs and where it comes from,
+:mod:`~mocksandbox.runtime.install` installs it (``mocksandbox runtime install``), and
+:mod:`~mocksandbox.runtime.report` tells which languages run (``mocksandbox languages``).
+"""
