@@ -77,9 +77,23 @@ def _receive_exactly(sock: socket.socket, size: int) -> bytes:
     return bytes(buffer)
 
 
+#: What one ``recv`` asks for: every call and answer but the journal's longest fits, so a frame
+#: usually arrives in one system call instead of two (length, then payload).
+_FIRST_READ = 64 * 1024
+
+
 def _receive(sock: socket.socket) -> Any:
-    (size,) = _LENGTH.unpack(_receive_exactly(sock, _LENGTH.size))
-    return marshal.loads(_receive_exactly(sock, size))
+    # One message at a time on a connection (a call, then its answer): nothing follows a frame.
+    head = sock.recv(_FIRST_READ)
+    if not head:
+        raise EOFError("connection closed")
+    if len(head) < _LENGTH.size:
+        head += _receive_exactly(sock, _LENGTH.size - len(head))
+    (size,) = _LENGTH.unpack_from(head)
+    payload = head[_LENGTH.size :]
+    if len(payload) < size:
+        payload += _receive_exactly(sock, size - len(payload))
+    return marshal.loads(payload)
 
 
 # -- values as they cross ----------------------------------------------------------------------------
