@@ -55,6 +55,9 @@ def _serve(args: argparse.Namespace) -> int:
                 "max_sessions": args.max_sessions,
                 "reward_mode": args.reward_mode,
                 "session_isolation": args.session_isolation,
+                "replay_file": args.replay,
+                "replay_mode": args.replay_mode,
+                "replay_timing": args.replay_timing or None,
             },
         )
     except SettingsError as exc:
@@ -86,6 +89,14 @@ def _serve(args: argparse.Namespace) -> int:
         jupyter_missing = _jupyter_missing(settings.python)
         if jupyter_missing:
             print(f"mocksandbox: --jupyter-prewarm: {jupyter_missing}", file=sys.stderr)
+            return 2
+    if settings.replay_file:  # a cassette that cannot be read stops start-up (each worker reads it too)
+        from mocksandbox.recording import CassetteError, player_from_settings
+
+        try:
+            player_from_settings(settings)
+        except CassetteError as exc:
+            print(f"mocksandbox: {exc}", file=sys.stderr)
             return 2
     if settings.worker_count() > 1:
         return _serve_workers(settings)
@@ -150,6 +161,11 @@ def sandbox_banner(sandbox: MockSandbox, settings: Settings) -> list[str]:
     if sandbox.fault_rules():
         lines.append(f"  faults: {len(sandbox.fault_rules())} rule(s) active")
     lines.append(f"  control API: {'/_mock/' if settings.control_api else 'off'}")
+    player = sandbox.cassette
+    if player is not None and settings.replay_file:
+        timing = ", recorded timing" if settings.replay_timing else ""
+        size = getattr(player, "size", 0)
+        lines.append(f"  replay: {settings.replay_file}, {size} recordings ({settings.replay_mode}{timing})")
     lines.append(f"  datasets: {', '.join(sandbox.datasets.list_datasets())}")
     jupyter_missing = _jupyter_missing(settings.python)
     if jupyter_missing:
@@ -240,6 +256,7 @@ EXTRA_COMMAND_MODULES = (
     "mocksandbox.stress.command",  # mocksandbox stress
     "mocksandbox.tools.command",  # mocksandbox rollout
     "mocksandbox.runtime.command",  # mocksandbox runtime install, mocksandbox languages
+    "mocksandbox.recording.command",  # mocksandbox record
 )
 
 
@@ -347,6 +364,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--jupyter-launcher",
         choices=["fork", "spawn"],
         help="kernels forked from a template (default) or spawned",
+    )
+    replay = serve.add_argument_group("cassettes (see mocksandbox record)")
+    replay.add_argument(
+        "--replay", metavar="FILE", help="answer requests that match a recording from this cassette"
+    )
+    replay.add_argument(
+        "--replay-mode",
+        choices=["strict", "fallback", "prefer-local"],
+        help="unmatched requests: strict (default) answers 404 naming the nearest recording; fallback "
+        "runs them here; prefer-local runs every language this host has here and replays the rest",
+    )
+    replay.add_argument(
+        "--replay-timing", action="store_true", help="hold replayed answers for their recorded durations"
     )
     serve.set_defaults(handler=_serve)
 

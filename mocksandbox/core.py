@@ -27,6 +27,7 @@ from mocksandbox.execution.engine import ExecutionEngine, create_engine
 from mocksandbox.faults import FaultRule, FaultSpec, load_fault_file, parse_fault_specs, validate_fault_spec
 from mocksandbox.journal import JournalEntry
 from mocksandbox.jupyter import JupyterService
+from mocksandbox.recording import CassetteHandler, player_from_settings
 from mocksandbox.sessions import SessionManager
 from mocksandbox.settings import Settings, load_settings
 
@@ -53,6 +54,7 @@ class MockSandbox:
         datasets: DatasetService | None = None,
         control: ControlState | None = None,
         worker_name: str | None = None,
+        cassette: CassetteHandler | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine
@@ -76,6 +78,11 @@ class MockSandbox:
         self.control: ControlState = control
         #: Which server process this is, in the journal (``None`` with one process).
         self.worker_name = worker_name
+        #: Answers from a cassette (``serve --replay``) or records through to a deployment (the
+        #: pytest plugin's ``--mocksandbox-record``); ``None``: all runs here. A test may swap it;
+        #: :meth:`reset` restores the configured one.
+        self.cassette = cassette if cassette is not None else player_from_settings(settings)
+        self._baseline_cassette = self.cassette
         #: Called by close(), last added first (e.g. the launcher process).
         self._closers: list[Callable[[], None]] = []
 
@@ -98,6 +105,7 @@ class MockSandbox:
         """
         settings = settings or load_settings()
         baseline = cls.configured_faults(settings)  # fail on a bad fault file before any set-up
+        cassette = player_from_settings(settings)  # and on a cassette that cannot be read
         engine, confinement, launcher = create_engine(settings, process_budget, memory_budget)
         try:  # instances are loaded and checked, a configured state dir is opened (and locked)
             datasets = DatasetService.from_settings(settings, engine)  # dataset files are read and checked
@@ -115,6 +123,7 @@ class MockSandbox:
             datasets=datasets,
             control=control,
             worker_name=worker_name,
+            cassette=cassette,
         )
         box._closers.append(launcher.close)
         box._closers.append(engine.close)
@@ -134,9 +143,10 @@ class MockSandbox:
 
     def reset(self) -> None:
         """Back to the configured baseline: journal, stats, in-flight maximum, faults, cap, errors,
-        and no swedev sessions (live ones are ended, their work dirs and all records removed;
+        cassette, and no swedev sessions (live ones are ended, their work dirs and all records removed;
         instances stay loaded)."""
         self.sessions.reset()
+        self.cassette = self._baseline_cassette
         self.jupyter.reset()  # counts only: no kernel ever serves two requests
         self.control.reset(self._baseline_faults, capacity_from_settings(self.settings))
 

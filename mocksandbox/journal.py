@@ -46,6 +46,8 @@ class JournalEntry:
     response_truncated: bool = False
     #: Which server process served it (``None`` with one process).
     worker: str | None = None
+    #: The cassette recording that answered it (``cassette.jsonl:12``), ``None`` if it was not replayed.
+    replayed: str | None = None
 
     @property
     def body(self) -> Any:
@@ -79,7 +81,9 @@ class JournalEntry:
         """One line for failure messages."""
         lang = f" {self.language}" if self.language else ""
         fault = f" fault={self.fault_action}" if self.fault_action else ""
-        return f"#{self.id} {self.method} {self.path}{lang} -> {self.status}{fault} ({self.outcome})"
+        replayed = f" replayed={self.replayed}" if self.replayed else ""
+        answer = f"{self.status}{fault}{replayed}"
+        return f"#{self.id} {self.method} {self.path}{lang} -> {answer} ({self.outcome})"
 
 
 def parse_body(raw: bytes) -> Any:
@@ -114,6 +118,8 @@ class Journal:
             self.faults_fired: Counter[str] = Counter()
             self.rejected = 0
             self.dropped = 0
+            #: Requests answered from a cassette so far, by request key (the next one's turn).
+            self.replay_turns: Counter[str] = Counter()
 
     def now(self) -> float:
         return self._clock() - self._origin
@@ -190,6 +196,19 @@ class Journal:
                 "rejected_by_cap": self.rejected,
                 "dropped": self.dropped,
             }
+
+    def note_replay(self, entry_id: int | None, key: str, labels: list[str]) -> int:
+        """Which of ``labels`` (the recordings of one request, in recorded order) answers the next
+        request with ``key``: the first after a reset, then the next, the last once all were used.
+        The entry begun with ``entry_id`` is marked with that label."""
+        with self._lock:
+            turn = self.replay_turns[key]
+            self.replay_turns[key] += 1
+            index = min(turn, len(labels) - 1)
+            entry = self._pending.get(entry_id) if entry_id is not None else None
+            if entry is not None:
+                entry.replayed = labels[index]
+        return index
 
 
 class InFlight:

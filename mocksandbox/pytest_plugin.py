@@ -26,6 +26,10 @@ Markers
     Fault rules (dicts, as in a fault file) active for one test.
 ``@pytest.mark.mocksandbox_capacity(max_in_flight=3, overload="reject")``
     A server-side concurrency cap for one test.
+``@pytest.mark.mocksandbox_cassette("cassettes/x.jsonl", mode="strict")``
+    The test's server answers from a cassette (``mocksandbox record``; path relative to the test
+    file); ``mode`` ``fallback`` runs unmatched requests, ``prefer-local`` replays only languages
+    this host lacks (see :mod:`mocksandbox.recording.replay`).
 ``@pytest.mark.mocksandbox_workers(2)``
     The test's ``mocksandbox`` handle is a server of N worker processes over one control state
     (``serve --workers N``), started once per session (and xdist worker) for each N asked for.
@@ -35,6 +39,8 @@ Options
 ``--mocksandbox-config FILE`` (or the ``mocksandbox_config`` ini value): settings for the server.
 ``--mocksandbox-workers N`` (or ini ``mocksandbox_workers``): worker processes behind the
 ``mocksandbox`` handle of every test without the marker (default 1: one in-process server).
+``--mocksandbox-record URL``: marked tests talk to the live deployment at URL through a recorder
+that re-records their cassettes (xdist-safe; see :mod:`mocksandbox.recording.pytest_support`).
 ``--mocksandbox-export-env`` (or ini ``mocksandbox_export_env = true``): start the server when
 pytest starts (in each xdist worker) and export ``SANDBOX_FUSION_URL`` / ``SANDBOX_FUSION_ENDPOINT``
 before collection, so that suites which skip at import time without a live sandbox URL run.
@@ -76,6 +82,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     parser.addini("mocksandbox_workers", "worker processes behind the mocksandbox fixture", default="1")
     group.addoption(
+        "--mocksandbox-record",
+        metavar="URL",
+        default=None,
+        help="re-record the cassettes of mocksandbox_cassette tests against the deployment at URL",
+    )
+    group.addoption(
         "--mocksandbox-export-env",
         action="store_true",
         default=None,
@@ -93,6 +105,11 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers", "mocksandbox_workers(n): serve this test's mocksandbox from n worker processes"
+    )
+    config.addinivalue_line(
+        "markers",
+        "mocksandbox_cassette(path, mode='strict', timing=False, redact=()): answer this test's "
+        "requests from a cassette (--mocksandbox-record URL re-records it)",
     )
     export = config.getoption("--mocksandbox-export-env") or config.getini("mocksandbox_export_env")
     is_xdist_controller = bool(getattr(config.option, "numprocesses", None)) and not hasattr(
@@ -253,6 +270,10 @@ def _prepare(box: MockSandbox | PoolControl, node: pytest.Item) -> None:
             box.add_fault(rule)
     for marker in node.iter_markers("mocksandbox_capacity"):
         box.set_capacity(**marker.kwargs)
+    if node.get_closest_marker("mocksandbox_cassette") is not None:
+        from mocksandbox.recording.pytest_support import use_cassette
+
+        use_cassette(box, node)
 
 
 def _reraise_server_errors(box: MockSandbox | PoolControl) -> None:

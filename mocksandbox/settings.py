@@ -131,6 +131,17 @@ class Settings(BaseModel):
     #: Seconds a kernel may take to start before the request fails.
     jupyter_startup_timeout_s: float = Field(60.0, gt=0)
 
+    # -- cassettes (see mocksandbox.recording) -------------------------------------------------
+    #: A cassette (JSON Lines, written by ``mocksandbox record``) whose recordings answer the
+    #: requests they match (``--replay FILE``).
+    replay_file: str | None = None
+    #: What happens to requests no recording matches: ``strict`` (a 404 naming the nearest recorded
+    #: request), ``fallback`` (run here); ``prefer-local``: run here whatever this host has a
+    #: toolchain for, replay the other languages.
+    replay_mode: Literal["strict", "fallback", "prefer-local"] = "strict"
+    #: Hold each replayed answer until its recorded duration has passed.
+    replay_timing: bool = False
+
     @model_validator(mode="before")
     @classmethod
     def _runtime_python(cls, data: Any) -> Any:

@@ -42,11 +42,21 @@ def register(subparsers: Any) -> None:
         metavar="IMAGE",
         help="start this image (default: the official one) with the docker SDK and check it",
     )
+    parser.add_argument(
+        "--cassette",
+        metavar="FILE",
+        help="drift check: send a cassette's requests to --url, list what changed (exit 1 if anything)",
+    )
     parser.add_argument("pytest_args", nargs="*", help="extra arguments for pytest (after --)")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.cassette:
+        if not args.url:
+            print("mocksandbox contract: --cassette needs --url (the deployment to check)", file=sys.stderr)
+            return 2
+        return _drift(args.cassette, args.url)
     if args.reference_url:
         if not args.url:
             print(
@@ -101,3 +111,18 @@ def _differential(url: str, reference_url: str, generated: int) -> int:
     for line in format_table(differences, len(cases)):
         print(line)
     return 1 if differences else 0
+
+
+def _drift(cassette: str, url: str) -> int:
+    from mocksandbox.recording.cassette import CassetteError, read_cassette
+    from mocksandbox.recording.drift import check, format_table
+
+    try:
+        exchanges = read_cassette(cassette)
+    except CassetteError as exc:
+        print(f"mocksandbox contract: {exc}", file=sys.stderr)
+        return 2
+    drifts = check(exchanges, url)
+    for line in format_table(drifts, len(exchanges)):
+        print(line)
+    return 1 if drifts else 0

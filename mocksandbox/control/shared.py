@@ -162,6 +162,7 @@ class ControlStateServer:
             "reset": self._reset,
             "ping": lambda: "pong",
         }
+        self._operations["next_replay"] = state.next_replay  # which recording answers (replay)
         self._thread = threading.Thread(target=self._accept_loop, name="mocksandbox-control", daemon=True)
         self._thread.start()
 
@@ -366,3 +367,6 @@ class RemoteControlState:
             sockets, self._idle = self._idle, []
         for sock in sockets:
             sock.close()
+
+    def next_replay(self, entry_id: int | None, key: str, labels: list[str]) -> int:
+        return int(self._call("next_replay", entry_id, key, list(labels)))

@@ -159,6 +159,14 @@ class ControlState(Protocol):
 
     def close(self) -> None: ...
 
+    # -- replay (mocksandbox.recording) ---------------------------------------------------------
+
+    def next_replay(self, entry_id: int | None, key: str, labels: list[str]) -> int:
+        """Which of ``labels`` (the recordings of one request, in recorded order) answers this
+        request: the next unused one for ``key`` since the last reset, the last once all were used.
+        Counted in one place, so the order is exact across workers; marks the journal entry."""
+        ...
+
 
 class LocalControlState:
     """The control state of one process: a journal, an in-flight counter, the fault rules, the cap."""
@@ -265,6 +273,9 @@ class LocalControlState:
 
     def close(self) -> None:
         return None
+
+    def next_replay(self, entry_id: int | None, key: str, labels: list[str]) -> int:
+        return self.journal.note_replay(entry_id, key, labels)
 
 
 def select_entries(

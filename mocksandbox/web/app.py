@@ -6,6 +6,7 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from mocksandbox.core import MockSandbox
+from mocksandbox.recording.layer import CassetteLayer
 from mocksandbox.web import control_api, datasets_api, jupyter_api, sandbox_api, swedev_api
 from mocksandbox.web.fast_path import RunCodeFastPath
 from mocksandbox.web.host_guard import HostGuard, HostPolicy
@@ -29,6 +30,8 @@ def create_app(sandbox: MockSandbox) -> Flask:
         app.register_blueprint(control_api.blueprint)
     # The busiest request, a well-formed POST /run_code, is answered below Flask (fast_path.py).
     app.wsgi_app = RunCodeFastPath(app.wsgi_app, sandbox)  # type: ignore[method-assign]
+    # Replayed (or recorded-through) requests are answered here, before the fast path could run them.
+    app.wsgi_app = CassetteLayer(app.wsgi_app, sandbox)  # type: ignore[method-assign]
     # Journal, cap and faults wrap everything, so that faulted and rejected answers are recorded.
     app.wsgi_app = MockLayer(app.wsgi_app, sandbox)  # type: ignore[method-assign]
     # Outermost: a request for another host or from another site's page reaches nothing.

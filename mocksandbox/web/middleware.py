@@ -101,6 +101,7 @@ class MockLayer:
             )
         )
         entry_id = admission.entry_id
+        environ["mocksandbox.entry_id"] = entry_id  # a replayed answer marks its entry (recording/layer.py)
         if not admission.admitted:
             answer = _Answer.json(
                 429,

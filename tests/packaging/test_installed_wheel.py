@@ -356,7 +356,7 @@ def test_the_sources_the_build_needs_exist() -> None:
     for name in SOURCES:
         assert (REPO / name).exists(), name
     # The package's links into the checkout resolve (a broken one would ship nothing).
-    for link in ("contract/suite", "contract/corpus", "datasets/samples", "sessions/samples"):
+    for link in ("contract/suite", "contract/corpus", "datasets/samples", "sessions/samples", "recording/samples"):
         assert (REPO / "mocksandbox" / link).resolve().is_dir(), link
     assert json.loads((REPO / "mocksandbox/sessions/samples/pagekit/instance.json").read_text())[
         "instance_id"
