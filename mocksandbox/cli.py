@@ -44,6 +44,8 @@ def _serve(args: argparse.Namespace) -> int:
                 "queue_timeout_s": args.queue_timeout,
                 "control_api": False if args.no_control_api else None,
                 "datasets_dirs": args.datasets,
+                "max_runner_concurrency": args.max_runner_concurrency,
+                "dataset_assets_dir": args.dataset_assets,
                 "jupyter_pool_size": args.jupyter_pool_size,
                 "jupyter_prewarm": args.jupyter_prewarm or None,
                 "jupyter_launcher": args.jupyter_launcher,
@@ -167,6 +169,7 @@ def sandbox_banner(sandbox: MockSandbox, settings: Settings) -> list[str]:
         size = getattr(player, "size", 0)
         lines.append(f"  replay: {settings.replay_file}, {size} recordings ({settings.replay_mode}{timing})")
     lines.append(f"  datasets: {', '.join(sandbox.datasets.list_datasets())}")
+    lines.extend(f"  datasets: {note}" for note in sandbox.datasets.startup_notes())
     jupyter_missing = _jupyter_missing(settings.python)
     if jupyter_missing:
         lines.append(f"  jupyter: off, {jupyter_missing}")
@@ -353,6 +356,17 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="DIR",
         help="directory of dataset JSONL files (code_eval_<id>.jsonl), repeatable",
+    )
+    extras.add_argument(
+        "--max-runner-concurrency",
+        type=int,
+        metavar="N",
+        help="online-judge cases of one /submit run at once (3; 0: all)",
+    )
+    extras.add_argument(
+        "--dataset-assets",
+        metavar="DIR",
+        help="SandboxFusion's assets/ dir (RepoBench-P tokenizer, CRUXEval-X examples); default ./assets",
     )
     extras.add_argument(
         "--jupyter-pool-size", type=int, metavar="N", help="kernels kept ready for /run_jupyter (2; 0: none)"

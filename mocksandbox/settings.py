@@ -120,6 +120,13 @@ class Settings(BaseModel):
     datasets_dirs: list[str] = Field(default_factory=list)
     #: Also serve the sample datasets (``fixtures/datasets``, shipped in the package).
     sample_datasets: bool = True
+    #: Online-judge cases of one ``/submit`` run at once (SandboxFusion's ``max_runner_concurrency``;
+    #: 0: all at once).
+    max_runner_concurrency: int = Field(3, ge=0)
+    #: SandboxFusion's ``assets/`` directory (``tokenizer/gpt2`` for RepoBench-P prompts,
+    #: ``cruxeval_x_utils/examples.json`` for CRUXEval-X ones); unset: ``assets`` in the working
+    #: directory, where SandboxFusion looks (``--dataset-assets DIR``).
+    dataset_assets_dir: str | None = None
     #: Kernels kept started for /run_jupyter (each serves one request, then is killed); 0: every
     #: request starts its own, as SandboxFusion does.
     jupyter_pool_size: int = Field(2, ge=0)

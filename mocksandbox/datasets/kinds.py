@@ -1,63 +1,42 @@
-"""Dataset classes: how a row becomes a prompt, and how a completion for it is evaluated.
+"""What every dataset class shares: the base class, the context it runs in, and its helpers.
 
-Three evaluation kinds, named after the SandboxFusion classes whose rows and answers they follow:
-
-* :class:`MBPPKind` (``MBPPDataset``): assert-based tests. Row ``{id, content, labels:
-  {test_setup_code, ...}, test_list: [assert, ...]}``; the first extracted block (after the setup
-  code) followed by every assert runs as one Python program.
-* :class:`HumanEvalKind` (``HumanEvalDataset``): function tests. Row ``{id, prompt, test,
-  entry_point, ...}``; the prompt plus the completion (cut at its first unindented line) plus
-  ``test`` and ``check(entry_point)`` run as one program. With ``config.extra.is_freeform`` the
-  completion is a whole answer whose code block replaces the prompt.
-* :class:`CommonOJKind` (``CommonOJDataset``): online-judge cases. Row ``{id, content, labels, test:
-  [{input: {stdin: ...}, output: {stdout: ...}}, ...]}``; the program runs once per case, in
-  ``config.language``, and its output is compared line by line.
-
-Every program runs through the same engine as ``/run_code`` (in-process, as SandboxFusion does).
+A dataset class (SandboxFusion calls them evaluation classes: ``MBPPDataset``, ``CommonOJDataset``,
+...) turns rows of its tables into prompts and evaluates a completion for one row by running
+programs through the same engine as ``/run_code``. The classes themselves live in
+:mod:`mocksandbox.datasets.classes`, one module per family; each follows the SandboxFusion class
+of the same name (Apache-2.0, Copyright 2024 Bytedance Ltd.), reimplemented: same columns, prompt
+texts, code assembly, verdicts and errors.
 """
 
 from __future__ import annotations
 
-import base64
 import json
-import math
-import re
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, ClassVar, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from mocksandbox.datasets.errors import DatasetHTTPError
-from mocksandbox.datasets.extraction import extract_best_block, extract_first_block
 from mocksandbox.datasets.models import (
     EvalResult,
     EvalTestCase,
+    GetPromptByIdRequest,
+    GetPromptsRequest,
     Prompt,
     SubmitRequest,
     TestConfig,
 )
-from mocksandbox.models import Language, RunCodeRequest, RunCodeResponse, RunStatus
+from mocksandbox.datasets.tables import Row, TableStore
+from mocksandbox.models import RunCodeRequest, RunCodeResponse, RunStatus
 
-Row = Mapping[str, Any]
+if TYPE_CHECKING:
+    from mocksandbox.datasets.tokenizer import Tokenizer
 
-#: Standard-library imports put before HumanEval-style programs (reference solutions often rely on them).
-PYTHON_IMPORT_PRELUDE = (
-    "import math",
-    "import re",
-    "import sys",
-    "import copy",
-    "import datetime",
-    "import itertools",
-    "import collections",
-    "import heapq",
-    "import functools",
-    "import hashlib",
-    "import string",
-    "from typing import *",
-    "from collections import *",
-)
+#: Languages SandboxFusion compiles; their stdin cases get a compile timeout.
+COMPILED_LANGUAGES = frozenset({"cpp", "go", "java"})
 
-#: How many stdin/stdout cases of one submission run at once.
-MAX_PARALLEL_CASES = 4
+#: How many times an online-judge case is sent again after a sandbox error (SandboxFusion's retry).
+STDIO_ATTEMPTS = 5
 
 
 class CodeRunner(Protocol):
@@ -66,287 +45,273 @@ class CodeRunner(Protocol):
     def run_code(self, request: RunCodeRequest) -> RunCodeResponse: ...
 
 
-def json_field(row: Row, key: str) -> Any:
-    """A column that may hold JSON text (as SandboxFusion's SQLite tables do) or the value itself."""
-    value = row[key]
-    if isinstance(value, str | bytes):
-        return json.loads(value)
-    return value
+@dataclass(frozen=True)
+class EvalContext:
+    """Where a class finds its rows and runs its programs, for one request."""
+
+    tables: TableStore
+    runner: CodeRunner
+    #: The table that holds ``dataset``'s rows for this class (registered, else ``code_eval_<id>``).
+    table_name: Callable[[str], str]
+    #: Online-judge cases run at once per submission (SandboxFusion's ``max_runner_concurrency``;
+    #: 0 means all at once).
+    max_runner_concurrency: int = 3
+    #: The GPT-2 tokenizer RepoBench-P counts with, when one was found.
+    tokenizer: Tokenizer | None = None
+    #: SandboxFusion's ``assets/`` directory (CRUXEval-X's examples); ``None``: ``./assets``.
+    assets_dir: str | None = None
+
+    def rows(self, request: GetPromptsRequest, columns: Sequence[str] | None = None) -> list[Row]:
+        return self.tables.rows(
+            request.config, self.table_name(request.dataset), columns, request.offset, request.limit
+        )
+
+    def row(self, request: GetPromptByIdRequest | SubmitRequest, columns: Sequence[str] | None = None) -> Row:
+        return self.tables.row_by_id(request.config, self.table_name(request.dataset), request.id, columns)
+
+    def run(self, request: RunCodeRequest) -> RunCodeResponse:
+        """Run one program; a sandbox-side error is SandboxFusion's HTTP 500."""
+        response = self.runner.run_code(request)
+        if response.status == RunStatus.SandboxError:
+            raise DatasetHTTPError(
+                500, f"failed to request sandbox: Sanbox responded with error: {response.message}"
+            )
+        return response
 
 
-def run_in_sandbox(runner: CodeRunner, request: RunCodeRequest) -> RunCodeResponse:
-    """Run one program; a sandbox-side error becomes SandboxFusion's HTTP 500."""
-    response = runner.run_code(request)
-    if response.status == RunStatus.SandboxError:
-        raise DatasetHTTPError(500, f"failed to request sandbox: {response.message}")
-    return response
+class DatasetClass:
+    """One evaluation class. Subclasses set the class attributes and override what differs."""
 
-
-class DatasetKind(Protocol):
-    """One dataset class: prompts and evaluation for the rows of its tables."""
-
-    #: The class name clients give as ``config.dataset_type``.
+    #: The name clients give as ``config.dataset_type`` (SandboxFusion's class name).
     class_name: ClassVar[str]
-    #: The columns SandboxFusion selects for prompts and for evaluation (shown in its errors).
-    prompt_columns: ClassVar[tuple[str, ...]]
-    submit_columns: ClassVar[tuple[str, ...]]
+    #: Dataset ids SandboxFusion registers for this class, with their tables.
+    dataset_tables: ClassVar[Mapping[str, str]] = {}
+    #: What the host needs for :meth:`evaluate` beyond Python (shown at start-up when missing).
+    needs: ClassVar[str] = ""
 
     def matches(self, row: Row) -> bool:
-        """Whether ``row`` has the shape of this class's rows (used to register unknown files)."""
+        """Whether an unregistered table whose first row is ``row`` belongs to this class."""
+        return False
 
-    def prompt(self, row: Row, dataset: str, config: TestConfig) -> Prompt: ...
+    def get_prompts(self, request: GetPromptsRequest, ctx: EvalContext) -> list[Prompt]:
+        raise NotImplementedError
 
-    def evaluate(self, row: Row, request: SubmitRequest, runner: CodeRunner) -> EvalResult: ...
+    def get_prompt_by_id(self, request: GetPromptByIdRequest, ctx: EvalContext) -> Prompt:
+        raise NotImplementedError
 
-    def metrics(self, results: Sequence[EvalResult]) -> dict[str, Any]: ...
+    def get_ids(self, request: GetPromptsRequest, ctx: EvalContext) -> list[int | str]:
+        """``/list_ids``: the ids of the prompts (SandboxFusion builds every prompt for this)."""
+        return [prompt.id for prompt in self.get_prompts(request, ctx)]
 
-    def metrics_function(self) -> str | None: ...
-
-
-class _NoMetrics:
-    """SandboxFusion's default: no dataset-level metrics, no metrics function."""
+    def evaluate(self, request: SubmitRequest, ctx: EvalContext) -> EvalResult:
+        raise NotImplementedError
 
     def metrics(self, results: Sequence[EvalResult]) -> dict[str, Any]:
+        """``/get_metrics``: no SandboxFusion class computes dataset-level metrics."""
         return {}
 
     def metrics_function(self) -> str | None:
+        """``/get_metrics_function``: Python source defining ``get_metrics(results)``, or ``None``."""
         return None
 
 
-# -- MBPP -----------------------------------------------------------------------------------------
+def ensure_json(row: dict[str, Any], key: str) -> Any:
+    """Parse ``row[key]`` in place when it is JSON text (nested values are stored as text)."""
+    if isinstance(row[key], str):
+        row[key] = json.loads(row[key], strict=False)
+    return row[key]
 
 
-class MBPPKind(_NoMetrics):
-    """Assert-based tests (MBPP)."""
-
-    class_name: ClassVar[str] = "MBPPDataset"
-    prompt_columns: ClassVar[tuple[str, ...]] = ("id", "content", "labels", "test_list")
-    submit_columns: ClassVar[tuple[str, ...]] = ("id", "content", "labels", "test_list")
-    _STOP_WORDS: ClassVar[tuple[str, ...]] = ("\nassert", '\n"""')
-
-    def matches(self, row: Row) -> bool:
-        return "test_list" in row and "content" in row
-
-    def prompt(self, row: Row, dataset: str, config: TestConfig) -> Prompt:
-        tests = "\n".join(json_field(row, "test_list"))
-        text = (
-            f"You are an expert Python programmer, and here is your task: {row['content']} "
-            f"Your code should pass these tests:\n\n{tests}"
-        )
-        return Prompt(id=row["id"], prompt=text, labels=json_field(row, "labels"))
-
-    def _completion_code(self, completion: str) -> str:
-        if "[DONE]" in completion:
-            completion = completion[: completion.index("[DONE]")]
-        code, _ = extract_first_block(completion, "python")
-        for stop in self._STOP_WORDS:
-            if stop in code:
-                code = code[: code.index(stop)]
-        return code
-
-    def evaluate(self, row: Row, request: SubmitRequest, runner: CodeRunner) -> EvalResult:
-        labels = json_field(row, "labels")
-        tests: list[str] = json_field(row, "test_list")
-        code = "\n".join([labels.get("test_setup_code", ""), self._completion_code(request.completion)])
-        if "if __name__ ==" in code:
-            code = code[: code.index("if __name__ ==")]
-        # Few-shot prompts show all but the last test; only that one is then run.
-        run_tests = tests[-1:] if request.config.is_fewshot else tests
-        full_code = code + "".join(f"\n{test}\n" for test in run_tests)
-        result = run_in_sandbox(
-            runner,
-            RunCodeRequest(code=full_code, language="python", run_timeout=request.config.run_timeout or 20),
-        )
-        accepted = result.status == RunStatus.Success
-        return EvalResult(
-            id=request.id,
-            accepted=accepted,
-            extracted_code=code,
-            full_code=full_code,
-            tests=[EvalTestCase(passed=accepted, exec_info=result)],
-        )
-
-
-# -- HumanEval ------------------------------------------------------------------------------------
-
-
-class HumanEvalKind(_NoMetrics):
-    """Function tests (HumanEval): ``test`` defines ``check(candidate)``, called with ``entry_point``."""
-
-    class_name: ClassVar[str] = "HumanEvalDataset"
-    prompt_columns: ClassVar[tuple[str, ...]] = ("*",)
-    submit_columns: ClassVar[tuple[str, ...]] = ("*",)
-    # A completion of the prompt ends at its first line that starts in column 0.
-    _END_OF_BODY = re.compile(r"\n(?=\S)")
-    _FREEFORM_INSTRUCTION = (
-        "Complete the code above as its docstring asks. Answer with the whole program in one Markdown "
-        "code block, without a main function or example calls."
+def single_test_result(
+    request: SubmitRequest,
+    result: RunCodeResponse,
+    extracted_code: str,
+    full_code: str | None,
+    *,
+    accepted: bool | None = None,
+    test_code: str | None = None,
+    test_info: dict[str, Any] | None = None,
+    extracted_type: Any = None,
+    extra: dict[str, Any] | None = None,
+) -> EvalResult:
+    """The usual answer: one program, one test, accepted when it succeeded (unless told)."""
+    passed = result.status == RunStatus.Success if accepted is None else accepted
+    return EvalResult(
+        id=request.id,
+        accepted=passed,
+        extracted_code=extracted_code,
+        full_code=full_code,
+        test_code=test_code,
+        tests=[EvalTestCase(passed=passed, exec_info=result, test_info=test_info)],
+        extracted_type=extracted_type,
+        extra=extra,
     )
 
-    def matches(self, row: Row) -> bool:
-        return "entry_point" in row and "prompt" in row and "test" in row
 
-    def prompt(self, row: Row, dataset: str, config: TestConfig) -> Prompt:
-        text = str(row["prompt"])
-        if config.extra.get("is_freeform"):
-            text = f"```python\n{text}\n```\n\n{self._FREEFORM_INSTRUCTION}"
-        return Prompt(id=row["id"], prompt=text, labels={k: v for k, v in row.items() if k != "prompt"})
-
-    def evaluate(self, row: Row, request: SubmitRequest, runner: CodeRunner) -> EvalResult:
-        extracted_type = None
-        if request.config.extra.get("is_freeform"):
-            completion, extracted_type = extract_best_block(request.completion, "python")
-            program = f"{completion}\n{row['test']}"
-        else:
-            completion = self._END_OF_BODY.split(request.completion, maxsplit=1)[0]
-            program = f"{row['prompt']}\n{completion}\n{row['test']}"
-        full_code = "\n".join(PYTHON_IMPORT_PRELUDE) + "\n" + program + f"\ncheck({row['entry_point']})"
-        config = request.config
-        result = run_in_sandbox(
-            runner,
-            RunCodeRequest(
-                code=full_code,
-                language="python",
-                compile_timeout=config.compile_timeout or 20,
-                run_timeout=config.run_timeout or 20,
-            ),
-        )
-        accepted = result.status == RunStatus.Success
-        return EvalResult(
-            id=request.id,
-            accepted=accepted,
-            extracted_code=completion,
-            full_code=full_code,
-            tests=[EvalTestCase(passed=accepted, exec_info=result)],
-            extracted_type=extracted_type,
-        )
+# -- online-judge cases -----------------------------------------------------------------------------
 
 
-# -- online judge -----------------------------------------------------------------------------------
+def _truncated(text: str, max_length: int = 1000, placeholder: str = "...") -> str:
+    # Both ends kept, as SandboxFusion's truncate_str.
+    if not text or len(text) <= max_length:
+        return text
+    keep = (max(max_length, len(placeholder) + 2) - len(placeholder)) // 2
+    return text[:keep] + placeholder + text[-keep:]
 
 
-def outputs_match(expected: str, actual: str) -> bool:
-    """An online judge's lenient comparison: line by line, surrounding blanks and one trailing empty
-    line ignored, case-insensitive, numbers equal within a relative 1e-5."""
-    if expected == actual:
-        return True
-    want = expected.strip().split("\n")
-    got = actual.strip().split("\n")
-    if len(want) != len(got):
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
         return False
-    for wanted_line, got_line in zip(want, got, strict=True):
-        wanted_line, got_line = wanted_line.strip().lower(), got_line.strip().lower()
-        if wanted_line != got_line and not _numbers_close(wanted_line, got_line):
+    return True
+
+
+def outputs_match(expected: str, actual: str, lower: bool = True) -> bool:
+    """SandboxFusion's judge: stripped, line by line (one trailing empty line forgiven on either
+    side), case-insensitive unless ``lower`` is off, numbers equal within a relative 1e-5."""
+    got = actual.strip().split("\n")
+    want = expected.strip().split("\n")
+    if len(got) - len(want) == 1 and got[-1] == "":
+        got = got[:-1]
+    if len(want) - len(got) == 1 and want[-1] == "":
+        want = want[:-1]
+    if len(got) != len(want):
+        return False
+    for got_line, want_line in zip(got, want, strict=True):
+        if lower:
+            got_line, want_line = got_line.lower(), want_line.lower()
+        if got_line.strip() != want_line.strip():
+            if _is_float(want_line) and _is_float(got_line):
+                a, b = float(got_line), float(want_line)
+                if abs(a - b) / max(abs(b), 1e-10) < 1e-5:
+                    continue
             return False
     return True
 
 
-def _numbers_close(wanted: str, got: str) -> bool:
-    try:
-        a, b = float(wanted), float(got)
-    except ValueError:
-        return False
-    return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-9)
+def _stdio_case(case: Any) -> dict[str, dict[str, str]]:
+    # SandboxFusion validates each case as GeneralStdioTest (input/output: str -> str); other keys go.
+    if not isinstance(case, dict):
+        raise TypeError(f"a test case must be an object, got {type(case).__name__}")
+    checked: dict[str, dict[str, str]] = {}
+    for side in ("input", "output"):
+        values = case.get(side)
+        if not isinstance(values, dict) or not all(isinstance(v, str) for v in values.values()):
+            raise ValueError(f"test case field {side!r} must be an object of strings")
+        checked[side] = dict(values)
+    return checked
 
 
-class CommonOJKind(_NoMetrics):
-    """stdin/stdout cases (online judges: CodeContests and the like)."""
-
-    class_name: ClassVar[str] = "CommonOJDataset"
-    prompt_columns: ClassVar[tuple[str, ...]] = ("id", "labels", "content")
-    submit_columns: ClassVar[tuple[str, ...]] = ("test",)
-    _INSTRUCTIONS: ClassVar[dict[str, str]] = {
-        "python": (
-            "Write a complete Python program. It reads the input from standard input and prints the answer "
-            "to standard output."
-        ),
-        "cpp": (
-            "Write a complete C++ program with a main function. It reads the input from standard input and "
-            "writes the answer to standard output."
-        ),
-        "java": (
-            "Write a complete Java program whose public class is named Main. It reads the input from "
-            "System.in and writes the answer to System.out."
-        ),
-        "default": (
-            "Write a complete program in {language} with an entry point. It reads the input from standard "
-            "input and writes the answer to standard output."
-        ),
-    }
-
-    def matches(self, row: Row) -> bool:
-        try:
-            cases = json_field(row, "test")
-        except (KeyError, ValueError):
-            return False
-        return isinstance(cases, list) and all(
-            isinstance(case, dict) and "input" in case and "output" in case for case in cases
+def check_stdio_case(
+    code: str, case: dict[str, dict[str, str]], config: TestConfig, ctx: EvalContext, lower: bool = True
+) -> EvalTestCase:
+    """Run ``code`` on one case's stdin and judge its stdout."""
+    language = config.language
+    assert language is not None
+    if language in COMPILED_LANGUAGES:
+        request = RunCodeRequest(
+            code=code,
+            language=language,
+            stdin=case["input"]["stdin"],
+            compile_timeout=config.compile_timeout or 10,
+            run_timeout=config.run_timeout or 10,
         )
-
-    def prompt(self, row: Row, dataset: str, config: TestConfig) -> Prompt:
-        template = self._INSTRUCTIONS.get(config.language or "", self._INSTRUCTIONS["default"])
-        text = f"{row['content']}\n\n{template.format(language=config.language)}"
-        return Prompt(id=row["id"], prompt=text, labels=json_field(row, "labels"))
-
-    def evaluate(self, row: Row, request: SubmitRequest, runner: CodeRunner) -> EvalResult:
-        language = request.config.language
-        if not language:
-            raise DatasetHTTPError(400, "config.language field must exist for CommonOJDataset, got None")
-        cases: list[dict[str, Any]] = json_field(row, "test")
-        code, extracted_type = extract_best_block(
-            request.completion, language, request.config.custom_extract_logic
+    else:
+        request = RunCodeRequest(
+            code=code, language=language, stdin=case["input"]["stdin"], run_timeout=config.run_timeout or 20
         )
-
-        def judge(case: dict[str, Any]) -> EvalTestCase:
-            return self._judge(code, language, case, request.config, runner)
-
-        if len(cases) > 1:
-            with ThreadPoolExecutor(min(MAX_PARALLEL_CASES, len(cases))) as pool:
-                outcomes = list(pool.map(judge, cases))
-        else:
-            outcomes = [judge(case) for case in cases]
-        return EvalResult(
-            id=request.id,
-            accepted=all(outcome.passed for outcome in outcomes),
-            extracted_code=code,
-            tests=outcomes,
-            extracted_type=extracted_type,
+    result = ctx.runner.run_code(request)
+    for _ in range(STDIO_ATTEMPTS - 1):
+        if result.status != RunStatus.SandboxError:
+            break
+        result = ctx.runner.run_code(request)
+    if result.status == RunStatus.SandboxError:
+        raise DatasetHTTPError(
+            500, f"failed to request sandbox: Sanbox responded with error: {result.message}"
         )
-
-    @staticmethod
-    def _judge(
-        code: str, language: Language, case: dict[str, Any], config: TestConfig, runner: CodeRunner
-    ) -> EvalTestCase:
-        inputs: dict[str, str] = dict(case["input"])
-        outputs: dict[str, str] = dict(case["output"])
-        # Keys other than stdin/stdout name files: written before the run, fetched and compared after.
-        files = {
-            name: base64.b64encode(text.encode()).decode() for name, text in inputs.items() if name != "stdin"
+    failed = EvalTestCase(passed=False, exec_info=result, test_info=case)
+    if result.status != RunStatus.Success or result.run_result is None:
+        return failed
+    if not outputs_match(case["output"]["stdout"], result.run_result.stdout or "", lower):
+        return failed
+    if not config.extra.get("return_full_case", False):
+        case = {
+            side: {key: _truncated(value) for key, value in values.items()} for side, values in case.items()
         }
-        wanted_files = [name for name in outputs if name != "stdout"]
-        result = run_in_sandbox(
-            runner,
-            RunCodeRequest(
-                code=code,
-                language=language,
-                stdin=inputs.get("stdin"),
-                files=dict(files),
-                fetch_files=wanted_files,
-                compile_timeout=config.compile_timeout or 10,
-                run_timeout=config.run_timeout or 10,
-            ),
-        )
-        passed = result.status == RunStatus.Success and result.run_result is not None
-        if passed and "stdout" in outputs:
-            passed = outputs_match(outputs["stdout"], (result.run_result and result.run_result.stdout) or "")
-        for name in wanted_files:
-            fetched = result.files.get(name)
-            produced = base64.b64decode(fetched).decode("utf-8", errors="replace") if fetched else None
-            passed = passed and produced is not None and outputs_match(outputs[name], produced)
-        return EvalTestCase(passed=passed, exec_info=result, test_info=case)
+    return EvalTestCase(passed=True, exec_info=result, test_info=case)
 
 
-#: Every dataset class, by the name clients give as ``config.dataset_type``.
-KINDS: dict[str, DatasetKind] = {
-    kind.class_name: kind for kind in (MBPPKind(), HumanEvalKind(), CommonOJKind())
-}
+def check_stdio_cases(
+    code: str, raw_cases: Sequence[Any], config: TestConfig, ctx: EvalContext, lower: bool = True
+) -> list[EvalTestCase]:
+    """Every case, ``ctx.max_runner_concurrency`` at a time, answers in case order. Unless
+    ``config.extra.run_all_cases``, the list ends at the first failing case and the cases not yet
+    started are dropped, as SandboxFusion cancels them."""
+    cases = [_stdio_case(case) for case in raw_cases]
+    if not cases:
+        return []
+    workers = ctx.max_runner_concurrency if ctx.max_runner_concurrency > 0 else len(cases)
+    run_all = bool(config.extra.get("run_all_cases", False))
+    outcomes: list[EvalTestCase] = []
+    pool = ThreadPoolExecutor(max_workers=min(workers, len(cases)), thread_name_prefix="stdio-case")
+    try:
+        futures: list[Future[EvalTestCase]] = [
+            pool.submit(check_stdio_case, code, case, config, ctx, lower) for case in cases
+        ]
+        for future in futures:
+            try:
+                outcome = future.result()
+            except Exception as exc:
+                raise DatasetHTTPError(500, f"Failed to check stdio test case: {_http_text(exc)}") from None
+            outcomes.append(outcome)
+            if not run_all and not outcome.passed:
+                break
+    finally:
+        # Cases still queued are cancelled; those running finish in the background, unread.
+        pool.shutdown(wait=False, cancel_futures=True)
+    return outcomes
+
+
+def _http_text(exc: BaseException) -> str:
+    # str() of a FastAPI HTTPException is "<status>: <detail>"; of anything else, its message.
+    if isinstance(exc, DatasetHTTPError):
+        return f"{exc.status}: {exc.detail}"
+    return str(exc)
+
+
+# -- metrics functions ------------------------------------------------------------------------------
+
+#: Pass@k per category, as the Python source SandboxFusion's ``/get_metrics_function`` answers for
+#: EvoEval and MHPP. The client defines ``repeats`` and ``k_targets`` before calling
+#: ``get_metrics(results)``; ``{categories}`` is replaced by a ``get_categories(results)`` function.
+PASS_AT_K_BY_CATEGORY = '''
+{categories}
+
+def pass_at_k_v2(samples, n: int, k: int) -> float:
+    """Average over tasks of 1 - comb(n - c, k) / comb(n, k); samples are (task id, passed) pairs."""
+    import numpy
+    from collections import defaultdict
+
+    def codex_estimator(n: int, c: int, k: int) -> float:
+        if n - c < k:
+            return 1.0
+        return 1.0 - numpy.prod(1.0 - k / numpy.arange(n - c + 1, n + 1))
+
+    correct = defaultdict(int)
+    for name, passed in samples:
+        correct[name] += 1 if passed else 0
+    scores = [codex_estimator(n, c, k) for c in correct.values()]
+    return sum(scores) / len(scores) if scores else 0.0
+
+
+def get_metrics(results):
+    performance = {{}}
+    for category, samples in get_categories(results).items():
+        for k in k_targets:
+            if repeats < k:
+                continue
+            pairs = [(s.id, s.accepted) for s in samples]
+            performance[f"{{category}}/Pass@k={{k}}"] = pass_at_k_v2(pairs, repeats, k)
+    return performance
+'''

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
-from mocksandbox.datasets.errors import DatasetHTTPError, RowNotFound
-from mocksandbox.datasets.extraction import CustomExtractionError
-from mocksandbox.datasets.kinds import CodeRunner
+from mocksandbox.datasets.errors import DatasetHTTPError
+from mocksandbox.datasets.kinds import CodeRunner, DatasetClass, EvalContext
 from mocksandbox.datasets.models import (
     EvalResult,
     GetMetricsFunctionRequest,
@@ -18,17 +18,17 @@ from mocksandbox.datasets.models import (
     GetPromptsRequest,
     Prompt,
     SubmitRequest,
-    TestConfig,
 )
 from mocksandbox.datasets.registry import SAMPLE_DATASETS_DIR, DatasetRegistry
+from mocksandbox.datasets.tables import TableStore
+from mocksandbox.datasets.tokenizer import Tokenizer, find_gpt2_tokenizer
 from mocksandbox.settings import Settings
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
-
-def _ids(rows: list[dict[str, Any]]) -> list[Any]:
-    return [row["id"] for row in rows]
+#: The program each class's evaluation cannot do without, when the host may lack it.
+_TOOLS = {"VerilogDataset": "iverilog", "MiniF2FLean4Dataset": "lake"}
 
 
 def dataset_directories(extra: Iterable[str], include_samples: bool) -> list[Path]:
@@ -42,66 +42,95 @@ class DatasetService:
     ``/get_metrics`` and ``/get_metrics_function`` over a :class:`DatasetRegistry`; programs run on
     ``runner`` (the engine behind ``/run_code``)."""
 
-    def __init__(self, registry: DatasetRegistry, runner: CodeRunner) -> None:
+    def __init__(
+        self,
+        registry: DatasetRegistry,
+        runner: CodeRunner,
+        *,
+        max_runner_concurrency: int = 3,
+        tokenizer: Tokenizer | None = None,
+        tokenizer_note: str = "",
+        assets_dir: str | None = None,
+    ) -> None:
         self.registry = registry
         self.runner = runner
+        self.max_runner_concurrency = max_runner_concurrency
+        self.tokenizer = tokenizer
+        self.tokenizer_note = tokenizer_note
+        self.assets_dir = assets_dir
 
     @classmethod
     def from_settings(cls, settings: Settings, runner: CodeRunner) -> DatasetService:
         """The samples (``sample_datasets``) and ``datasets_dirs``, read and checked now: a bad file
         fails here with :class:`~mocksandbox.datasets.errors.DatasetLoadError`, not at a request."""
         directories = dataset_directories(settings.datasets_dirs, settings.sample_datasets)
-        return cls(DatasetRegistry.from_directories(directories), runner)
+        registry = DatasetRegistry(TableStore.from_directories(directories))
+        tokenizer, note = find_gpt2_tokenizer(settings.dataset_assets_dir)
+        return cls(
+            registry,
+            runner,
+            max_runner_concurrency=settings.max_runner_concurrency,
+            tokenizer=tokenizer,
+            tokenizer_note=note,
+            assets_dir=settings.dataset_assets_dir,
+        )
+
+    def startup_notes(self) -> list[str]:
+        """What the server's start-up lines say about datasets this host cannot fully serve."""
+        notes = []
+        for cls in self.registry.classes.values():
+            tool = _TOOLS.get(cls.class_name)
+            if tool and shutil.which(tool) is None:
+                notes.append(f"{cls.class_name} needs {cls.needs}: {tool} not found, its submissions fail")
+        if self.tokenizer is None:
+            notes.append(f"RepobenchPDataset prompts are SandboxFusion's 500 ({self.tokenizer_note})")
+        return notes
+
+    def _context(self, cls: DatasetClass) -> EvalContext:
+        return EvalContext(
+            tables=self.registry.tables,
+            runner=self.runner,
+            table_name=lambda dataset: self.registry.table_for(cls, dataset),
+            max_runner_concurrency=self.max_runner_concurrency,
+            tokenizer=self.tokenizer,
+            assets_dir=self.assets_dir,
+        )
 
     def list_datasets(self) -> list[str]:
         return self.registry.dataset_ids()
 
-    def list_ids(self, request: GetPromptsRequest) -> list[Any]:
-        self.registry.kind_for(request.dataset, request.config)
-        rows = self.registry.rows(request.dataset, request.config, request.offset, request.limit, ("id",))
-        return self._uncaught(_ids, rows)  # provided_data rows need not have an id
+    def list_ids(self, request: GetPromptsRequest) -> list[int | str]:
+        cls = self.registry.class_for(request.dataset, request.config)
+        return self._uncaught(cls.get_ids, request, self._context(cls))
 
     def get_prompts(self, request: GetPromptsRequest) -> list[Prompt]:
-        kind = self.registry.kind_for(request.dataset, request.config)
-        rows = self.registry.rows(
-            request.dataset, request.config, request.offset, request.limit, kind.prompt_columns
-        )
-        return [self._uncaught(kind.prompt, row, request.dataset, request.config) for row in rows]
+        cls = self.registry.class_for(request.dataset, request.config)
+        return self._uncaught(cls.get_prompts, request, self._context(cls))
 
     def get_prompt_by_id(self, request: GetPromptByIdRequest) -> Prompt:
-        kind = self.registry.kind_for(request.dataset, request.config)
-        row = self._row(request.dataset, request.config, request.id, kind.prompt_columns)
-        return self._uncaught(kind.prompt, row, request.dataset, request.config)
+        cls = self.registry.class_for(request.dataset, request.config)
+        return self._uncaught(cls.get_prompt_by_id, request, self._context(cls))
 
     def submit(self, request: SubmitRequest) -> EvalResult:
-        kind = self.registry.kind_for(request.dataset, request.config)
-        row = self._row(request.dataset, request.config, request.id, kind.submit_columns)
-        return self._uncaught(kind.evaluate, row, request, self.runner)
+        cls = self.registry.class_for(request.dataset, request.config)
+        return self._uncaught(cls.evaluate, request, self._context(cls))
 
     def get_metrics(self, request: GetMetricsRequest) -> dict[str, Any]:
-        return self.registry.kind_for(request.dataset, request.config).metrics(request.results)
+        cls = self.registry.class_for(request.dataset, request.config)
+        return self._uncaught(cls.metrics, request.results)
 
     def get_metrics_function(self, request: GetMetricsFunctionRequest) -> GetMetricsFunctionResult:
-        kind = self.registry.kind_for(request.dataset, request.config)
-        return GetMetricsFunctionResult(function=kind.metrics_function())
-
-    # -- helpers --------------------------------------------------------------------------------
-
-    def _row(
-        self, dataset: str, config: TestConfig, row_id: int | str, columns: tuple[str, ...]
-    ) -> dict[str, Any]:
-        try:
-            return self.registry.row_by_id(dataset, config, row_id, columns)
-        except RowNotFound as exc:
-            raise DatasetHTTPError.uncaught(exc) from None
+        cls = self.registry.class_for(request.dataset, request.config)
+        return GetMetricsFunctionResult(function=cls.metrics_function())
 
     @staticmethod
     def _uncaught(function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Call ``function``; what SandboxFusion's dataset code would let escape to its global
-        handler (a row missing a column, custom extraction that raises) becomes that handler's 500."""
+        """Call ``function``; whatever SandboxFusion's dataset code would let escape to its global
+        handler (a missing column or row, a malformed value, custom extraction that raises) becomes
+        that handler's 500 with the message and traceback."""
         try:
             return function(*args, **kwargs)
         except DatasetHTTPError:
             raise
-        except (KeyError, IndexError, TypeError, ValueError, AttributeError, CustomExtractionError) as exc:
+        except Exception as exc:
             raise DatasetHTTPError.uncaught(exc) from None

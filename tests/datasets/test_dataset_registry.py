@@ -1,4 +1,4 @@
-"""The dataset registry: files found, classes known or inferred, rows served, SandboxFusion's errors."""
+"""Tables as SandboxFusion's SQLite keeps them, and the registry of classes (no sockets)."""
 
 from __future__ import annotations
 
@@ -8,170 +8,96 @@ from typing import Any
 
 import pytest
 
-from mocksandbox.datasets.errors import DatasetHTTPError, DatasetLoadError, RowNotFound
+from mocksandbox.datasets import DatasetHTTPError, DatasetLoadError
+from mocksandbox.datasets.errors import RowNotFound
 from mocksandbox.datasets.models import TestConfig
-from mocksandbox.datasets.registry import (
-    KNOWN_DATASETS,
-    SAMPLE_DATASETS_DIR,
-    DatasetRegistry,
-    discover_tables,
-    read_table,
-)
-from mocksandbox.datasets.service import dataset_directories
-
-MBPP_ROW = {"id": 1, "content": "c", "labels": {"test_setup_code": ""}, "test_list": ["assert True"]}
-HUMANEVAL_ROW = {"id": 0, "prompt": "def f():\n", "test": "def check(c): pass", "entry_point": "f"}
-OJ_ROW = {
-    "id": 5,
-    "content": "c",
-    "labels": {},
-    "test": [{"input": {"stdin": "1"}, "output": {"stdout": "1"}}],
-}
+from mocksandbox.datasets.registry import DatasetRegistry
+from mocksandbox.datasets.tables import TableStore, read_jsonl
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
 
 
-def config(**fields: Any) -> TestConfig:
-    return TestConfig.model_validate(fields)
-
-
-# -- files --------------------------------------------------------------------------------------------
-
-
-def test_table_name_drops_the_code_eval_prefix_and_sorts_rows_by_id(tmp_path: Path) -> None:
-    rows = [{"id": 3}, {"id": "b"}, {"id": 1}, {"id": "a"}, {"id": 2}]
-    table = read_table(write_jsonl(tmp_path / "code_eval_things.jsonl", rows))
-    assert table.dataset == "things"
-    assert [row["id"] for row in table.rows] == [1, 2, 3, "a", "b"]  # SQLite: numbers before text
-    assert read_table(write_jsonl(tmp_path / "plain.jsonl", rows)).dataset == "plain"
-
-
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ("{not json}\n", ":1: not JSON"),
-        ('\n{"no_id": 1}\n', ":2: each line must be a JSON object"),
-        ("[1]\n", ":1:"),
-    ],
-)
-def test_bad_files_name_file_and_line(tmp_path: Path, text: str, message: str) -> None:
-    path = tmp_path / "bad.jsonl"
-    path.write_text(text)
-    with pytest.raises(DatasetLoadError, match=message):
-        read_table(path)
-
-
-def test_missing_directory_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(DatasetLoadError, match="does not exist"):
-        discover_tables([tmp_path / "nope"])
-
-
-def test_later_directories_win(tmp_path: Path) -> None:
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    write_jsonl(tmp_path / "a" / "code_eval_x.jsonl", [{"id": 1}])
-    write_jsonl(tmp_path / "b" / "x.jsonl", [{"id": 2}])
-    tables = discover_tables([tmp_path / "a", tmp_path / "b"])
-    assert [row["id"] for row in tables["x"].rows] == [2]
-
-
-def test_sample_directory_comes_first_and_can_be_left_out(tmp_path: Path) -> None:
-    assert dataset_directories([str(tmp_path)], include_samples=True) == [SAMPLE_DATASETS_DIR, tmp_path]
-    assert dataset_directories([str(tmp_path)], include_samples=False) == [tmp_path]
-
-
-# -- classes ----------------------------------------------------------------------------------------
-
-
-def test_known_ids_are_listed_with_or_without_data(tmp_path: Path) -> None:
-    registry = DatasetRegistry.from_directories([])
-    assert registry.dataset_ids() == sorted(KNOWN_DATASETS)
-
-
-def test_unknown_files_get_the_class_their_rows_fit(tmp_path: Path) -> None:
-    write_jsonl(tmp_path / "code_eval_m.jsonl", [MBPP_ROW])
-    write_jsonl(tmp_path / "code_eval_h.jsonl", [HUMANEVAL_ROW])
-    write_jsonl(tmp_path / "code_eval_o.jsonl", [OJ_ROW])
-    write_jsonl(tmp_path / "code_eval_odd.jsonl", [{"id": 1, "question": "?"}])
-    registry = DatasetRegistry.from_directories([tmp_path], known={})
-    assert registry.dataset_ids() == ["h", "m", "o"]  # "odd" needs config.dataset_type
-    assert registry.kind_for("m", config()).class_name == "MBPPDataset"
-    assert registry.kind_for("h", config()).class_name == "HumanEvalDataset"
-    assert registry.kind_for("o", config()).class_name == "CommonOJDataset"
-    assert registry.kind_for("odd", config(dataset_type="MBPPDataset")).class_name == "MBPPDataset"
-
-
-def test_registered_class_wins_over_dataset_type() -> None:
-    registry = DatasetRegistry.from_directories([])
-    assert registry.kind_for("mbpp", config(dataset_type="CommonOJDataset")).class_name == "MBPPDataset"
-
-
-def test_unknown_dataset_and_unknown_class_are_400() -> None:
-    registry = DatasetRegistry.from_directories([])
-    with pytest.raises(DatasetHTTPError) as no_class:
-        registry.kind_for("nope", config())
-    assert (no_class.value.status, no_class.value.detail) == (400, "no eval class found for dataset nope")
-    with pytest.raises(DatasetHTTPError) as bad_class:
-        registry.kind_for("nope", config(dataset_type="NoSuchClass"))
-    assert (bad_class.value.status, bad_class.value.detail) == (400, "eval class NoSuchClass not found")
-    assert bad_class.value.traceback_lines is None
-
-
-# -- rows ---------------------------------------------------------------------------------------------
-
-
 @pytest.fixture
-def registry(tmp_path: Path) -> DatasetRegistry:
-    write_jsonl(tmp_path / "code_eval_mbpp.jsonl", [{**MBPP_ROW, "id": n} for n in (12, 11, 13)])
-    return DatasetRegistry.from_directories([tmp_path])
-
-
-def test_rows_with_offset_and_limit(registry: DatasetRegistry) -> None:
-    def ids(offset: int, limit: int) -> list[Any]:
-        return [r["id"] for r in registry.rows("mbpp", config(), offset, limit, ("id",))]
-
-    assert ids(0, 1000000) == [11, 12, 13]
-    assert ids(1, 1) == [12]
-    assert ids(5, 1) == []
-    assert ids(1, -1) == [12, 13]  # SQLite: a negative LIMIT means no limit
-
-
-def test_rows_are_copies(registry: DatasetRegistry) -> None:
-    registry.rows("mbpp", config(), 0, 1, ("id",))[0]["content"] = "changed"
-    assert registry.rows("mbpp", config(), 0, 1, ("id",))[0]["content"] == "c"
-
-
-def test_registered_dataset_without_data_fails_like_the_database() -> None:
-    registry = DatasetRegistry.from_directories([])
-    with pytest.raises(DatasetHTTPError) as info:
-        registry.rows("humaneval_python", config(), 0, 1, ("*",))
-    assert info.value.status == 500
-    assert info.value.detail == (
-        "failed to request database with query SELECT * FROM code_eval_humaneval_python ORDER BY id "
-        "LIMIT 0, 1: 'NoneType' object has no attribute 'fetch_all'"
+def store(tmp_path: Path) -> TableStore:
+    write_jsonl(
+        tmp_path / "code_eval_things.jsonl",
+        [
+            {"id": 2, "name": "b", "labels": {"k": 1}, "score": 1.5},
+            {"id": "12", "name": 7, "labels": [1], "score": None},
+            {"id": 1, "name": "a", "labels": {}, "score": True},
+        ],
     )
-    with pytest.raises(DatasetHTTPError, match=r"SELECT id, content FROM code_eval_mbpp WHERE id = 3"):
-        registry.row_by_id("mbpp", config(), 3, ("id", "content"))
+    return TableStore.from_directories([tmp_path])
 
 
-def test_row_by_id_matches_numbers_given_as_text(registry: DatasetRegistry) -> None:
-    assert registry.row_by_id("mbpp", config(), 12, ("id",))["id"] == 12
-    assert registry.row_by_id("mbpp", config(), "12", ("id",))["id"] == 12
+def test_rows_are_stored_as_sqlite_does(store: TableStore) -> None:
+    rows = store.rows(TestConfig(), "code_eval_things", None, 0, -1)
+    # INT column: "12" becomes 12; TEXT column: 7 becomes "7"; nested values and floats are JSON text.
+    assert [row["id"] for row in rows] == [1, 2, 12]
+    assert rows[1] == {"id": 2, "name": "b", "labels": '{"k": 1}', "score": "1.5"}
+    assert rows[2]["name"] == "7" and rows[0]["score"] == "true"
+    assert [r["id"] for r in store.rows(TestConfig(), "code_eval_things", ("id",), 1, 1)] == [2]
+
+
+def test_row_by_id_and_its_errors(store: TableStore) -> None:
+    assert store.row_by_id(TestConfig(), "code_eval_things", "2", ("id", "name")) == {"id": 2, "name": "b"}
     with pytest.raises(RowNotFound, match="'NoneType' object is not iterable"):
-        registry.row_by_id("mbpp", config(), 99999, ("id",))
+        store.row_by_id(TestConfig(), "code_eval_things", 99, None)
+    with pytest.raises(DatasetHTTPError) as info:
+        store.row_by_id(TestConfig(), "code_eval_things", 1, ("id", "name", "labels", "score", "nope"))
+    # More columns than the table has: SandboxFusion asks its (absent) MySQL backend.
+    assert info.value.status == 500
+    assert info.value.detail.endswith("WHERE id = 1: 'NoneType' object has no attribute 'fetch_one'")
+    with pytest.raises(DatasetHTTPError, match="no such column: nope"):
+        store.rows(TestConfig(), "code_eval_things", ("nope", "id"), 0, 10)
+    with pytest.raises(DatasetHTTPError, match=r"FROM code_eval_missing ORDER BY id LIMIT 0, 5"):
+        store.rows(TestConfig(), "code_eval_missing", ("id",), 0, 5)
 
 
-def test_provided_data_bypasses_the_table(registry: DatasetRegistry) -> None:
-    one = {"id": 1, "content": "inline"}
-    many = [{"id": 7}, {"id": 8}]
-    assert registry.rows("mbpp", config(provided_data=many), 0, 1, ("id",)) == many  # as given
-    assert registry.rows("mbpp", config(provided_data=one), 0, 10, ("id",)) == [one]
-    assert registry.row_by_id("mbpp", config(provided_data=one), 12345, ("id",)) == one
-    assert registry.row_by_id("mbpp", config(provided_data=many), 8, ("id",)) == {"id": 8}
-    with pytest.raises(RowNotFound):
-        registry.row_by_id("mbpp", config(provided_data=many), 9, ("id",))
-    # also for a registered dataset without any file
-    assert registry.rows("humaneval_python", config(provided_data=many), 0, 1, ("*",)) == many
+def test_provided_data_bypasses_the_tables(store: TableStore) -> None:
+    many = TestConfig(provided_data=[{"id": 8, "x": 1}])
+    assert store.rows(many, "anything", ("id",), 0, 1) == [{"id": 8}]
+    one = TestConfig(provided_data={"id": 5, "x": 2})
+    assert store.row_by_id(one, "anything", 12345, None) == {"id": 5, "x": 2}
+    with pytest.raises(DatasetHTTPError, match="should be a list") as info:
+        store.rows(one, "anything", None, 0, 1)
+    assert info.value.status == 400
+    with pytest.raises(DatasetHTTPError, match="should be a dict"):
+        store.row_by_id(many, "anything", 8, None)
+
+
+def test_bad_files_fail_at_load(tmp_path: Path) -> None:
+    (tmp_path / "code_eval_bad.jsonl").write_text('{"id": 1}\nnot json\n')
+    with pytest.raises(DatasetLoadError, match=r"code_eval_bad\.jsonl:2: not JSON"):
+        read_jsonl(tmp_path / "code_eval_bad.jsonl")
+    with pytest.raises(DatasetLoadError, match="does not exist"):
+        TableStore.from_directories([tmp_path / "nope"])
+
+
+def test_registry_order_classes_and_tables(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "code_eval_mine.jsonl", [{"id": 1, "content": "c", "labels": {}, "test_list": []}])
+    write_jsonl(tmp_path / "code_eval_other.jsonl", [{"id": 1, "odd": True}])
+    registry = DatasetRegistry(TableStore.from_directories([tmp_path]))
+    ids = registry.dataset_ids()
+    assert ids[:3] == ["aider_benchmark_v1", "code_contests", "cruxeval"] and ids[-1] == "mine"
+    assert "other" not in ids and len(ids) == 54
+    assert registry.class_for("mine", TestConfig()).class_name == "MBPPDataset"
+    assert (
+        registry.class_for("evoeval", TestConfig(dataset_type="MBPPDataset")).class_name == "EvoEvalDataset"
+    )
+    assert (
+        registry.class_for("other", TestConfig(dataset_type="AutoEvalDataset")).class_name
+        == "AutoEvalDataset"
+    )
+    evoeval = registry.classes["EvoEvalDataset"]
+    assert registry.table_for(evoeval, "evoeval") == "code_eval_EvoEval"
+    assert registry.table_for(registry.classes["MultiPLEDataset"], "multiple_rs") == "code_eval_multiple_re"
+    assert registry.table_for(registry.classes["AutoEvalDataset"], "x") == "code_eval_x"
+    with pytest.raises(DatasetHTTPError, match="no eval class found for dataset other"):
+        registry.class_for("other", TestConfig())
+    with pytest.raises(DatasetHTTPError, match="eval class AutoEvalV4Dataset not found"):
+        registry.class_for("other", TestConfig(dataset_type="AutoEvalV4Dataset"))

@@ -155,7 +155,7 @@ def test_prompt_keys_in_order(client: FlaskClient) -> None:
     assert [k for k, _ in body] == ["id", "prompt", "labels"]
 
 
-def test_judge_results_report_the_extracted_type(client: FlaskClient) -> None:
+def test_judge_results_list_the_cases_in_order(client: FlaskClient) -> None:
     completion = "```python\nt = int(input())\nfor _ in range(t):\n    a, b = map(int, input().split())\n    print(a + b)"
     body = client.post(
         "/submit",
@@ -167,7 +167,7 @@ def test_judge_results_report_the_extracted_type(client: FlaskClient) -> None:
         },
     ).get_json()
     assert body["accepted"] is True
-    assert body["extracted_type"] == "incomplete_fenced"
+    assert body["extracted_type"] is None  # SandboxFusion's judge does not say how it found the code
     assert [t["test_info"]["input"]["stdin"] for t in body["tests"]] == [
         "2\n1 2\n10 -4\n",
         "1\n0 0\n",
