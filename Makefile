@@ -43,7 +43,7 @@ typecheck: $(VENV)/.installed-test
 
 # The project's own tests (tests/, examples/), then the contract suite against a mock it starts.
 # --dist loadgroup keeps tests marked xdist_group("ray") on one worker: one Ray cluster, not two.
-test: lint typecheck
+test: lint typecheck browser
 	$(BIN)/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 	$(BIN)/python -m pytest contract_tests -n 2 -p no:cacheprovider
 	# ... and against a mock of two worker processes over one control state (serve --workers 2).
@@ -60,6 +60,18 @@ test-fast: lint typecheck
 runtime: $(VENV)/.installed-serve
 	$(BIN)/mocksandbox runtime install --all
 	$(BIN)/mocksandbox languages
+
+# The web console's browser tests drive Debian's chromium through chromium-driver: installed here
+# when missing (as root, or with passwordless sudo). Where that cannot be done those tests are
+# skipped, saying how to install them (under .ci/run, which requires them, they fail instead).
+.PHONY: browser
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); export DEBIAN_FRONTEND=noninteractive; \
+	  $$sudo apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 || \
+	  { $$sudo apt-get update -qq >/dev/null 2>&1 && \
+	    $$sudo apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1; } || \
+	  echo "make: could not install chromium chromium-driver (apt-get as root): browser tests skip"; }
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/bench_run_code.py

@@ -6,6 +6,7 @@ reach the core through a :class:`MockSandbox`; nothing is created at import time
 
 from __future__ import annotations
 
+import shutil
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping
@@ -24,6 +25,7 @@ from mocksandbox.datasets import DatasetService
 from mocksandbox.execution.budget import MemoryBudget, ProcessBudget
 from mocksandbox.execution.confinement import Confinement
 from mocksandbox.execution.engine import ExecutionEngine, create_engine
+from mocksandbox.execution.languages import LANGUAGES, TOOLCHAIN_BINARIES
 from mocksandbox.faults import FaultRule, FaultSpec, load_fault_file, parse_fault_specs, validate_fault_spec
 from mocksandbox.journal import JournalEntry
 from mocksandbox.jupyter import JupyterService
@@ -228,7 +230,25 @@ class MockSandbox:
         """Wait until no request is in flight (e.g. before reading the journal from another thread)."""
         return wait_idle(self.control, timeout)
 
+    def journal_entry(self, entry_id: int) -> JournalEntry | None:
+        """One journal entry with its bodies, if the journal still holds it."""
+        return self.control.entry(entry_id)
+
 
 def describe_entries(entries: Iterable[JournalEntry]) -> list[dict[str, Any]]:
     """Journal entries as JSON data."""
     return [e.to_dict() for e in entries]
+
+
+def language_toolchains() -> list[dict[str, Any]]:
+    """Every language of the table, with the toolchain binary that runs it and whether this host
+    has it on ``PATH`` (a language without one still answers, as SandboxFusion does: rc 127)."""
+    return [
+        {"name": name, "toolchain": TOOLCHAIN_BINARIES.get(name), "available": _on_path(name)}
+        for name in LANGUAGES
+    ]
+
+
+def _on_path(language: str) -> bool:
+    binary = TOOLCHAIN_BINARIES.get(language)
+    return binary is not None and shutil.which(binary) is not None

@@ -85,6 +85,25 @@ class JournalEntry:
         answer = f"{self.status}{fault}{replayed}"
         return f"#{self.id} {self.method} {self.path}{lang} -> {answer} ({self.outcome})"
 
+    def brief(self) -> dict[str, Any]:
+        """The entry without its bodies, as plain values: what the console's live view streams
+        (bodies, up to :data:`BODY_LIMIT` each, are fetched one entry at a time when looked at)."""
+        return {
+            "id": self.id,
+            "method": self.method,
+            "path": self.path,
+            "query": self.query,
+            "language": self.language,
+            "client": self.client,
+            "worker": self.worker,
+            "started": self.started,
+            "ended": self.ended,
+            "status": self.status,
+            "outcome": self.outcome,
+            "faults": list(self.faults),
+            "fault_action": self.fault_action,
+        }
+
 
 def parse_body(raw: bytes) -> Any:
     """A body as the journal shows it: parsed JSON when it is JSON, else text."""
@@ -197,6 +216,69 @@ class Journal:
                 "dropped": self.dropped,
             }
 
+    def after(
+        self, seq: int, pending: Iterable[int] = (), limit: int = 200
+    ) -> tuple[float, list[JournalEntry]]:
+        """The entries with an id above ``seq`` (the newest ``limit`` of them) and those whose id is
+        in ``pending``, oldest first, with the time of the last reset (which tells a reader that
+        ids started again from 1).
+
+        Reads from the newest end and stops at the first entry at or below both ``seq`` and every
+        pending id, so a reader that keeps up costs a few entries per call, not the journal.
+        """
+        wanted = set(pending)
+        floor = min(wanted, default=seq)
+        newer: list[JournalEntry] = []
+        older: list[JournalEntry] = []
+        with self._lock:
+            for entry in reversed(self._entries):
+                if entry.id > seq:
+                    if len(newer) < limit:
+                        newer.append(entry)
+                    elif not wanted:
+                        break  # enough, and no older entry is asked for
+                elif entry.id < floor:
+                    break
+                elif entry.id in wanted:
+                    older.append(entry)
+            origin = self._origin
+        older.reverse()
+        newer.reverse()
+        return origin, older + newer
+
+    def find(self, entry_id: int) -> JournalEntry | None:
+        """The entry with this id, if the journal still holds it."""
+        with self._lock:
+            for entry in reversed(self._entries):
+                if entry.id == entry_id:
+                    return entry
+                if entry.id < entry_id:
+                    return None
+        return None
+
+    def arrivals(self, window: float, step: float) -> list[tuple[float, int]]:
+        """Requests that arrived in each ``step`` of the last ``window`` seconds, as ``(end of the
+        step, count)``, oldest first: the console's requests/s chart when it opens."""
+        with self._lock:
+            now = self.now()
+            start = max(0.0, now - window)
+            times, reached = [], False
+            for entry in reversed(self._entries):
+                if entry.started < start:
+                    reached = True
+                    break
+                if entry.method != "EVENT":
+                    times.append(entry.started)
+            if not reached and len(self._entries) == self.limit and times:
+                # The bounded journal no longer holds the window's start: count only what it holds
+                # (from the first whole step), rather than show the steps before as idle.
+                start = now - ((now - times[-1]) // step) * step
+        counts = [0] * max(1, int((now - start) // step) + 1)
+        for at in times:
+            if at >= start:
+                counts[min(len(counts) - 1, int((at - start) // step))] += 1
+        return [(start + (i + 1) * step, count) for i, count in enumerate(counts)]
+
     def note_replay(self, entry_id: int | None, key: str, labels: list[str]) -> int:
         """Which of ``labels`` (the recordings of one request, in recorded order) answers the next
         request with ``key``: the first after a reset, then the next, the last once all were used.
@@ -262,6 +344,44 @@ class InFlight:
     def timeline_points(self) -> list[tuple[float, int]]:
         with self._cond:
             return list(self.timeline)
+
+    def peak_since(self, since: float) -> tuple[float, int, int]:
+        """``(seconds since reset now, in flight now, most in flight at once after since)``: the
+        live chart's point, which a burst shorter than the chart's step still reaches."""
+        with self._cond:
+            now = self._clock() - self._origin
+            if since > now:  # a time from before the last reset
+                since = -1.0
+            peak = self.current
+            for at, count in reversed(self.timeline):
+                if at <= since:
+                    break
+                peak = max(peak, count)
+            return now, self.current, peak
+
+    def history(self, window: float, step: float) -> list[tuple[float, int]]:
+        """The most in flight at once in each ``step`` of the last ``window`` seconds, as ``(end of
+        the step, peak)``, oldest first: the console's chart when it opens."""
+        with self._cond:
+            now = self._clock() - self._origin
+            start = max(0.0, now - window)
+            level, changes = 0, []
+            for at, count in reversed(self.timeline):
+                if at < start:
+                    level = count  # in flight as the window begins
+                    break
+                changes.append((at, count))
+        changes.reverse()
+        points, index = [], 0
+        for step_index in range(max(1, int((now - start) // step) + 1)):
+            end = start + (step_index + 1) * step
+            peak = level
+            while index < len(changes) and changes[index][0] < end:
+                level = changes[index][1]
+                peak = max(peak, level)
+                index += 1
+            points.append((end, peak))
+        return points
 
 
 def nearest(entries: Iterable[JournalEntry], count: int = 5) -> str:

@@ -114,6 +114,10 @@ def _entry_from_wire(data: tuple[Any, ...]) -> JournalEntry:
     return JournalEntry(*data)
 
 
+def _entry_to_wire(entry: JournalEntry | None) -> tuple[Any, ...] | None:
+    return None if entry is None else astuple(entry)
+
+
 def _error_to_wire(error: ServerError) -> tuple[str, str, str, str]:
     exc = error.exception
     return (error.path, type(exc).__name__, str(exc), error.traceback)
@@ -162,6 +166,9 @@ class ControlStateServer:
             "reset": self._reset,
             "ping": lambda: "pong",
         }
+        # The console's live view (plain values already) and one entry's detail.
+        self._operations["live_view"] = state.live_view
+        self._operations["entry"] = lambda entry_id: _entry_to_wire(state.entry(entry_id))
         self._operations["next_replay"] = state.next_replay  # which recording answers (replay)
         self._thread = threading.Thread(target=self._accept_loop, name="mocksandbox-control", daemon=True)
         self._thread.start()
@@ -367,6 +374,14 @@ class RemoteControlState:
             sockets, self._idle = self._idle, []
         for sock in sockets:
             sock.close()
+
+    def live_view(self, after: int, pending: list[int], since: float, limit: int = 200) -> dict[str, Any]:
+        view: dict[str, Any] = self._call("live_view", after, list(pending), since, limit)
+        return view
+
+    def entry(self, entry_id: int) -> JournalEntry | None:
+        data = self._call("entry", entry_id)
+        return None if data is None else _entry_from_wire(data)
 
     def next_replay(self, entry_id: int | None, key: str, labels: list[str]) -> int:
         return int(self._call("next_replay", entry_id, key, list(labels)))

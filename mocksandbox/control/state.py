@@ -159,6 +159,22 @@ class ControlState(Protocol):
 
     def close(self) -> None: ...
 
+    # -- the console's live view ----------------------------------------------------------------
+
+    def live_view(self, after: int, pending: list[int], since: float, limit: int = 200) -> dict[str, Any]:
+        """What the console's live view needs since its last look, in one call (one round trip to
+        the state server with several workers), as plain values: ``epoch`` (when the journal was
+        last reset: ids start again from 1 after one), ``t`` (seconds since then), ``in_flight``
+        now and ``peak`` (the most at once after ``since``), ``stats`` and ``entries``, bodiless
+        summaries (:meth:`~mocksandbox.journal.JournalEntry.brief`) of the newest ``limit`` entries
+        after id ``after`` and of those whose id is in ``pending``, oldest first. A first look
+        (``since`` below 0) adds ``history``: the last minute's in-flight peaks and arrivals."""
+        ...
+
+    def entry(self, entry_id: int) -> JournalEntry | None:
+        """One journal entry with its bodies, if the journal still holds it."""
+        ...
+
     # -- replay (mocksandbox.recording) ---------------------------------------------------------
 
     def next_replay(self, entry_id: int | None, key: str, labels: list[str]) -> int:
@@ -273,6 +289,27 @@ class LocalControlState:
 
     def close(self) -> None:
         return None
+
+    def live_view(self, after: int, pending: list[int], since: float, limit: int = 200) -> dict[str, Any]:
+        epoch, entries = self.journal.after(after, pending, limit)
+        t, in_flight, peak = self.in_flight.peak_since(since)
+        view = {
+            "epoch": epoch,
+            "t": t,
+            "in_flight": in_flight,
+            "peak": peak,
+            "stats": self.stats(),
+            "entries": [entry.brief() for entry in entries],
+        }
+        if since < 0:  # a first look: the last minute too, so that the charts open full
+            view["history"] = {
+                "in_flight": self.in_flight.history(60.0, 0.2),
+                "arrivals": self.journal.arrivals(60.0, 1.0),
+            }
+        return view
+
+    def entry(self, entry_id: int) -> JournalEntry | None:
+        return self.journal.find(entry_id)
 
     def next_replay(self, entry_id: int | None, key: str, labels: list[str]) -> int:
         return self.journal.note_replay(entry_id, key, labels)

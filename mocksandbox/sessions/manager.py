@@ -461,6 +461,17 @@ class SessionManager:
         instance = self.registry.get(record.instance_id)
         return {**record.describe(), "workspace": instance.workspace_path, "patch": record.patch}
 
+    def patch_so_far(self, sid: int | str) -> str | None:
+        """The model's change: an ended session's frozen patch, or a live one's diff against its
+        base as the work tree is now (taken between actions, never during one)."""
+        key = self._key(sid)
+        record = self._record(key)
+        if record.state != "live":  # (and no lock is made for an unknown or ended sid)
+            return record.patch
+        with self._session_lock(key):
+            record = self._record(key)
+            return record.patch if record.state != "live" else self._take_patch(record)
+
     def reset(self) -> None:
         """Forget every session: live ones are ended and their work dirs removed, records deleted.
         Instances and their built base repositories stay."""

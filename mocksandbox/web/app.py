@@ -7,7 +7,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from mocksandbox.core import MockSandbox
 from mocksandbox.recording.layer import CassetteLayer
-from mocksandbox.web import control_api, datasets_api, jupyter_api, sandbox_api, swedev_api
+from mocksandbox.web import console, control_api, datasets_api, jupyter_api, sandbox_api, swedev_api
 from mocksandbox.web.fast_path import RunCodeFastPath
 from mocksandbox.web.host_guard import HostGuard, HostPolicy
 from mocksandbox.web.middleware import MockLayer
@@ -28,6 +28,9 @@ def create_app(sandbox: MockSandbox) -> Flask:
     swedev_api.register(app, sandbox.settings.control_api)
     if sandbox.settings.control_api:
         app.register_blueprint(control_api.blueprint)
+        # The web console is a client of the control API: it comes and goes with it.
+        app.register_blueprint(console.blueprint)
+        app.register_blueprint(console.root_blueprint)
     # The busiest request, a well-formed POST /run_code, is answered below Flask (fast_path.py).
     app.wsgi_app = RunCodeFastPath(app.wsgi_app, sandbox)  # type: ignore[method-assign]
     # Replayed (or recorded-through) requests are answered here, before the fast path could run them.

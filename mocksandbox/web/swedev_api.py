@@ -134,6 +134,16 @@ def describe_session(sid: str) -> Response:
         return json_response({"detail": str(exc)}, status=404)
 
 
+@control_blueprint.get("/sessions/<sid>/patch")
+def session_patch(sid: str) -> Response:
+    """The model's diff so far: a live session's work tree against its base, an ended one's patch."""
+    box = sandbox()
+    try:
+        return json_response({"sid": sid, "patch": box.sessions.patch_so_far(sid)})
+    except UnknownSessionError as exc:
+        return json_response({"detail": str(exc)}, status=404)
+
+
 @control_blueprint.get("/instances")
 def list_instances() -> Response:
     return json_response({"instances": [inst.summary() for inst in sandbox().sessions.registry.all()]})

@@ -190,6 +190,13 @@ def _check_run_code(url: str) -> None:
     assert answer["status"] == "Success" and answer["run_result"]["stdout"] == "42\n", answer
 
 
+def _check_console(url: str) -> None:
+    """The web console's page and assets are package data: served by an installed copy too."""
+    for path in ("/_mock/ui", "/_mock/ui/console.js", "/_mock/ui/console.css"):
+        reply = requests.get(f"{url}{path}", timeout=30)
+        assert reply.status_code == 200 and reply.content, path
+
+
 def _check_swedev_episode(url: str) -> None:
     listed = requests.get(f"{url}/_mock/instances", timeout=30).json()["instances"]
     assert sorted(i["instance_id"] for i in listed) == SAMPLE_IDS
@@ -276,6 +283,7 @@ def test_sdist_plain_install_then_contract_extra(dists: tuple[Path, Path], tmp_p
         assert "swedev: 4 instance(s)" in served.banner, served.banner
         assert "jupyter: off, /run_jupyter needs jupyter_client" in served.banner, served.banner
         _check_run_code(served.url)
+        _check_console(served.url)
         # Scoring runs pytest in the server's interpreter: a base dependency, so a plain install scores.
         _check_swedev_episode(served.url)
         answer = _post(f"{served.url}/run_jupyter", {"cells": ["1"]})
