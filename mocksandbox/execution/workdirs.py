@@ -5,7 +5,10 @@ SandboxFusion's ``tempfile.TemporaryDirectory()``). On a journaling file system,
 removing a directory is the dearest part of a short run: on this project's ext4 ``/tmp``, a
 ``mkdtemp`` and an ``rmdir`` cost about 0.2 ms of CPU and up to 3 ms of waiting per run, more than
 forking the program. Most runs leave nothing in their dir but their code file, so once that is
-removed the empty dir serves the next run: same name shape, same mode, still empty.
+removed the empty dir serves the next run: same mode, still empty, under a fresh random name (a
+rename costs a tenth of a make-and-remove), so that every run sees a new ``tmpXXXXXXXX`` as it
+would on SandboxFusion. The rename never replaces anything: ``renameat2(RENAME_NOREPLACE)``; where
+that call is missing (not Linux, an old libc), dirs are made fresh every time.
 
 A dir is kept only if it is provably the one made here and untouched: the same inode, a real
 directory (not a symlink a program put in its place), mode 0700, and empty. Anything else (a run
@@ -16,14 +19,46 @@ back (the runner's jail), so nothing of an old run can write into a dir another 
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
 import os
+import random
 import shutil
 import stat
 import tempfile
 import threading
+from collections.abc import Callable
 
 #: Empty dirs kept for later runs (about the most runs in flight at once); more are removed.
 IDLE_WORKDIRS = 64
+#: Names as ``tempfile.mkdtemp`` makes them: ``tmp`` and eight of these.
+_NAME_CHARACTERS = "abcdefghijklmnopqrstuvwxyz0123456789_"
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+
+
+def _find_rename_noreplace() -> Callable[[str, str], None] | None:
+    """``rename(old, new)`` that fails with ``FileExistsError`` rather than replace ``new`` (a plain
+    rename silently replaces an empty dir of that name: someone else's fresh temp dir); ``None``
+    where the C library lacks ``renameat2``."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return None
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    renameat2.restype = ctypes.c_int
+
+    def rename_noreplace(old: str, new: str) -> None:
+        if renameat2(_AT_FDCWD, os.fsencode(old), _AT_FDCWD, os.fsencode(new), _RENAME_NOREPLACE):
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code), old, None, new)
+
+    return rename_noreplace
+
+
+_rename_noreplace = _find_rename_noreplace()
 
 
 class WorkdirPool:
@@ -37,14 +72,22 @@ class WorkdirPool:
         #: Dirs handed out, by path: their (device, inode) when made.
         self._identity: dict[str, tuple[int, int]] = {}
         self._closed = False
+        #: Dirs are kept only where they can be renamed without replacing anything.
+        self._reuse = _rename_noreplace is not None
+        self._random = random.Random()
+        self._random_pid = os.getpid()
 
     def take(self) -> str:
-        """An empty dir, mode 0700, for one run."""
+        """An empty dir, mode 0700, under a name no run has seen, for one run."""
         with self._lock:
-            if self._idle:
-                path, identity = self._idle.pop()
-                self._identity[path] = identity
-                return path
+            idle = self._idle.pop() if self._idle else None
+        if idle is not None:
+            renamed = self._renamed(idle[0])
+            if renamed is not None:
+                with self._lock:
+                    self._identity[renamed] = idle[1]
+                return renamed
+            remove_workdir(idle[0])
         path = tempfile.mkdtemp(dir=self.root)
         made = os.lstat(path)
         with self._lock:
@@ -61,12 +104,33 @@ class WorkdirPool:
                 os.unlink(code_path)
             except OSError:
                 pass  # the program removed it, or its dir is gone: checked below
-        if identity is not None and self._reusable(path, identity):
+        if identity is not None and self._reuse and self._reusable(path, identity):
             with self._lock:
                 if not self._closed and len(self._idle) < IDLE_WORKDIRS:
                     self._idle.append((path, identity))
                     return
         remove_workdir(path)
+
+    def _renamed(self, path: str) -> str | None:
+        """``path`` moved to a fresh ``tmpXXXXXXXX`` name beside it, or ``None`` if it cannot be."""
+        rename = _rename_noreplace
+        if rename is None:
+            return None
+        if self._random_pid != os.getpid():  # a forked worker: its own names, not its parent's
+            self._random, self._random_pid = random.Random(), os.getpid()
+        parent = os.path.dirname(path)
+        for _ in range(8):  # a name taken is retried, as mkdtemp does
+            fresh = os.path.join(parent, "tmp" + "".join(self._random.choices(_NAME_CHARACTERS, k=8)))
+            try:
+                rename(path, fresh)
+            except FileExistsError:
+                continue
+            except OSError as error:
+                if error.errno in (errno.EINVAL, errno.ENOSYS):  # no RENAME_NOREPLACE here
+                    self._reuse = False
+                return None
+            return fresh
+        return None
 
     @staticmethod
     def _reusable(path: str, identity: tuple[int, int]) -> bool:

@@ -27,9 +27,29 @@ def test_an_empty_dir_is_reused_and_the_code_file_removed(pool: WorkdirPool) -> 
     assert oct(os.stat(first).st_mode & 0o777) == oct(0o700)
     code = Path(first, "tmpcode.py")
     code.write_text("print(1)")
+    inode = os.stat(first).st_ino
     pool.give_back(first, str(code))
     assert not code.exists()
-    assert pool.take() == first
+    second = pool.take()
+    # The same dir under a fresh name: every run sees a new tmpXXXXXXXX, as on SandboxFusion.
+    assert os.stat(second).st_ino == inode and second != first and not os.path.lexists(first)
+    assert Path(second).parent == Path(first).parent and Path(second).name.startswith("tmp")
+    assert len(Path(second).name) == len(Path(first).name)
+    assert list(Path(second).iterdir()) == []
+
+
+def test_a_reused_dir_never_replaces_one_that_has_its_new_name(
+    pool: WorkdirPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rename is RENAME_NOREPLACE: an empty dir someone else made under the drawn name stays."""
+    first = pool.take()
+    pool.give_back(first, None)
+    parent = Path(first).parent
+    names = iter(["tmpaaaaaaaa", "tmpbbbbbbbb"])
+    (parent / "tmpaaaaaaaa").mkdir()  # empty: a plain rename(2) would silently replace it
+    monkeypatch.setattr(pool._random, "choices", lambda population, k: list(next(names)[3:]))
+    assert pool.take() == str(parent / "tmpbbbbbbbb")
+    assert (parent / "tmpaaaaaaaa").is_dir()
 
 
 def test_a_dir_with_files_left_is_removed(pool: WorkdirPool) -> None:
@@ -88,16 +108,16 @@ def test_runs_through_the_engine_reuse_dirs_and_a_program_cannot_redirect_the_ne
             return answer.run_result.stdout.strip()
 
         first = cwd_of("import os; print(os.getcwd())")
-        assert cwd_of("import os; print(os.getcwd())") == first  # reused: it was left empty
+        second = cwd_of("import os; print(os.getcwd())")
+        assert second != first and [p.name for p in runs.iterdir()] == [os.path.basename(second)]
         swapped = cwd_of(
             "import os\nd = os.getcwd()\nos.chdir('/')\nfor f in os.listdir(d): os.unlink(os.path.join(d, f))\n"
             f"os.rmdir(d)\nos.symlink({str(target)!r}, d)\nprint(d)"
         )
-        assert swapped == first
         after = cwd_of("import os; print(os.getcwd())")
-        assert after != first and os.path.realpath(after) == after
+        assert after not in (first, second, swapped) and os.path.realpath(after) == after
         assert sorted(p.name for p in target.iterdir()) == ["precious"]
-        assert not os.path.lexists(first)
+        assert not os.path.lexists(swapped)
     finally:
         box.close()
     assert list(runs.iterdir()) == []

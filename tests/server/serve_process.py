@@ -49,6 +49,12 @@ class ServeProcess:
         answer: dict[str, object] = response.json()
         return answer
 
+    def runs_left(self) -> list[Path]:
+        """What the runs left in :attr:`runs_dir` beyond the empty dirs (mode 0700) that the server
+        keeps for its next runs (see ``mocksandbox.execution.workdirs``): it should be nothing."""
+        assert self.runs_dir is not None, "the server was not given a runs dir"
+        return [path for path in self.runs_dir.iterdir() if not _kept_empty(path)]
+
     def runs_parent(self, cgroup: Path | None = None) -> Path:
         """The cgroup holding every run's cgroup (``mocksandbox-<server pid>-<n>``) under ``cgroup``
         (the one the server was started in, by default)."""
@@ -135,3 +141,17 @@ def kill_and_remove(group: Path) -> None:
             child.rmdir()
         except OSError:
             pass
+
+
+def _kept_empty(path: Path) -> bool:
+    """An empty real dir, mode 0700: one the server keeps for a later run."""
+    if path.is_symlink() or not path.is_dir() or path.stat().st_mode & 0o777 != 0o700:
+        return False
+    return next(path.iterdir(), None) is None
+
+
+def stop_serve_leaving_nothing(server: ServeProcess) -> None:
+    """:func:`stop_serve`, then check the server removed every dir it kept for later runs."""
+    stop_serve(server.process)
+    if server.runs_dir is not None:
+        assert list(server.runs_dir.iterdir()) == [], "the stopped server left temp dirs behind"

@@ -61,7 +61,7 @@ def server(request: pytest.FixtureRequest) -> Iterator[ServerThread | PoolContro
         with running_server(settings) as single:
             yield single
         return
-    pool = PoolControl(WorkerPool(settings.replace(workers=2), 2)).start()
+    pool = PoolControl(WorkerPool(settings.replace(workers=2, port=0), 2)).start()
     try:
         yield pool
     finally:

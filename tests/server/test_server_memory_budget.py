@@ -17,7 +17,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from serve_process import ServeProcess, kill_and_remove, make_test_cgroup, start_serve, stop_serve
+from serve_process import (
+    ServeProcess,
+    kill_and_remove,
+    make_test_cgroup,
+    start_serve,
+    stop_serve_leaving_nothing,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +62,7 @@ def contained_server(tmp_path: Path) -> Iterator[ServeProcess]:
         try:
             yield server
         finally:
-            stop_serve(server.process)
+            stop_serve_leaving_nothing(server)
     finally:
         kill_and_remove(group)
 
@@ -126,6 +132,6 @@ def test_hogs_beside_ordinary_runs_are_killed_among_themselves(contained_server:
         time.sleep(0.05)
     for group in [parent, *parent.glob("run-*")]:
         assert (group / "cgroup.procs").read_text().strip() == "", f"a run's process is left in {group}"
-    assert server.runs_dir is not None and list(server.runs_dir.iterdir()) == []
+    assert server.runs_left() == []
     assert server.process.poll() is None, "the server was killed"
     _assert_ordinary(server.run("print(6*7)"), "42\n")

@@ -16,7 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from serve_process import ServeProcess, kill_and_remove, make_test_cgroup, start_serve, stop_serve
+from serve_process import (
+    ServeProcess,
+    kill_and_remove,
+    make_test_cgroup,
+    start_serve,
+    stop_serve_leaving_nothing,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +45,7 @@ def budget_server(tmp_path: Path) -> Iterator[ServeProcess]:
         try:
             yield server
         finally:
-            stop_serve(server.process)
+            stop_serve_leaving_nothing(server)
     finally:
         kill_and_remove(group)
 
@@ -57,7 +63,7 @@ def _assert_nothing_left(server: ServeProcess) -> None:
     while int((parent / "pids.current").read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert int((parent / "pids.current").read_text()) == 0, "a run's processes are still charged"
-    assert server.runs_dir is not None and list(server.runs_dir.iterdir()) == []
+    assert server.runs_left() == []
     assert server.process.poll() is None
     _assert_ordinary(server.run("print(6*7)"), "42\n")
 
