@@ -146,9 +146,13 @@ def test_non_ascii_and_empty_cells(service: JupyterService) -> None:
 
 
 def test_nothing_carries_over_to_the_next_request(service: JupyterService, tmp_path: Path) -> None:
+    # A module of the test's own: no kernel imports it at start-up (a stdlib one may be, by the
+    # kernel's own imports: IPython's prompt_toolkit imports colorsys).
+    (tmp_path / "mocksandbox_leaked_module.py").write_text("VALUE = 1\n")
     polluter = [
         "leaked_variable = 'from the last request'",
-        "import colorsys, json, builtins, random",
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import mocksandbox_leaked_module",
+        "import json, builtins, random",
         "json.MARKER = 'patched'; builtins.leaked_builtin = 1; random.seed(1234)",
         f"import os, sys; os.chdir({str(tmp_path)!r}); os.environ['LEAKED_ENV'] = '1'; sys.path.append('/leaked')",
         "def helper(): return 1",
@@ -156,7 +160,7 @@ def test_nothing_carries_over_to_the_next_request(service: JupyterService, tmp_p
     ]
     probe = [
         "'leaked_variable' in dir() or 'helper' in dir()",
-        "import sys; 'colorsys' in sys.modules",
+        "import sys; 'mocksandbox_leaked_module' in sys.modules",
         "import json, builtins; hasattr(json, 'MARKER') or hasattr(builtins, 'leaked_builtin')",
         f"import os, sys; os.getcwd() == {str(tmp_path)!r} or 'LEAKED_ENV' in os.environ or '/leaked' in sys.path",
         "import random; random.seed(1234); a = random.random(); random.seed(1234); a == random.random()",
