@@ -187,7 +187,9 @@ class ExecutionEngine:
                     spec.compile_command,
                     placeholders,
                     workdir,
-                    env,
+                    # A compiler's temp files (gcc's cc*.s, go's $WORK) go into the run's dir: one
+                    # killed at its timeout leaves them behind, and the run's dir goes with the run.
+                    {**env, "TMPDIR": workdir},
                     None,
                     request.compile_timeout,
                     request.memory_limit_MB,

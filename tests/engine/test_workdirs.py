@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -120,4 +121,30 @@ def test_runs_through_the_engine_reuse_dirs_and_a_program_cannot_redirect_the_ne
         assert not os.path.lexists(swapped)
     finally:
         box.close()
+    assert list(runs.iterdir()) == []
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="toolchain binary not on PATH: g++")
+def test_a_compile_killed_at_its_timeout_leaves_no_compiler_temp_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gcc writes cc*.s and friends to $TMPDIR and removes them only if it finishes: they go into
+    the run's dir, which goes with the run, not into the server's temp dir."""
+    server_tmp = tmp_path / "server-tmp"
+    server_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(server_tmp))
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    # Deep template recursion: seconds of compiling, killed after a quarter of one.
+    slow = "template<int N> struct F { enum { v = F<N-1>::v + F<N-2>::v }; };\n"
+    slow += "template<> struct F<0> { enum { v = 0 }; };\ntemplate<> struct F<1> { enum { v = 1 }; };\n"
+    slow += "int main() { return F<30>::v > 0 ? 0 : 1; }\n" + "#include <bits/stdc++.h>\n" * 3
+    box = MockSandbox.create(load_settings(overrides={"tmp_root": str(runs)}))
+    try:
+        answer = box.engine.run_code(RunCodeRequest(code=slow, language="cpp", compile_timeout=0.25))
+        assert answer.compile_result is not None
+        assert answer.compile_result.status == "TimeLimitExceeded", answer
+    finally:
+        box.close()
+    assert list(server_tmp.iterdir()) == []
     assert list(runs.iterdir()) == []

@@ -173,6 +173,10 @@ def test_compile_then_run_in_the_same_dir(settings: Settings) -> None:
     assert compile_call.code_text == "class Main {}"
     assert (compile_call.spec.stdin, compile_call.spec.timeout) == (None, 7), "stdin goes to the run only"
     assert (run_call.spec.stdin, run_call.spec.timeout) == (b"x", 3)
+    # The compiler's temp files go into the run's dir (a killed compile leaves none in /tmp); the
+    # program's TMPDIR stays what SandboxFusion's is.
+    assert compile_call.spec.env["TMPDIR"] == compile_call.spec.cwd
+    assert run_call.spec.env.get("TMPDIR") != run_call.spec.cwd
     assert response.compile_result is not None and response.compile_result.stdout == "compiled"
     assert response.run_result is not None and response.run_result.stdout == "ran"
     assert response.status == RunStatus.Success
