@@ -21,7 +21,7 @@ $(VENV)/.installed-serve: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev,jupyter,ray,stress,docker]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,jupyter,ray,fleet,stress,docker]'
 	# verl's SandboxFusion client, for the compatibility tests: only its pure-Python files (its
 	# full dependency set is torch and friends), loaded by path by tests/server/test_client_compat.py.
 	# It goes into a directory of its own, not into the venv, so that pip never checks (and

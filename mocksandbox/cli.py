@@ -100,6 +100,11 @@ def _serve(args: argparse.Namespace) -> int:
         except CassetteError as exc:
             print(f"mocksandbox: {exc}", file=sys.stderr)
             return 2
+    if args.ray is not None:
+        return _serve_fleet(settings, args)
+    if args.replicas is not None or args.proxy_location is not None:
+        print("mocksandbox: --replicas and --proxy-location go with --ray", file=sys.stderr)
+        return 2
     if settings.worker_count() > 1:
         return _serve_workers(settings)
     try:
@@ -247,6 +252,61 @@ def _serve_workers(settings: Settings) -> int:
     return 0
 
 
+def _serve_fleet(settings: Settings, args: argparse.Namespace) -> int:
+    """``serve --ray [ADDRESS]``: the mock as a Ray Serve fleet (see :mod:`mocksandbox.fleet`)."""
+    import time
+
+    from mocksandbox.faults import FaultError
+    from mocksandbox.fleet import FleetError, deploy, require_fleet_extra
+
+    require_fleet_extra()  # one line naming the extra, from main()
+    if settings.worker_count() > 1:
+        print("mocksandbox: --workers and --ray do not combine: use --replicas N", file=sys.stderr)
+        return 2
+    address = None if args.ray == LOCAL_RAY else args.ray
+    replicas = args.replicas or 2
+    try:
+        fleet = deploy(
+            settings, address=address, replicas=replicas, proxy_location=args.proxy_location or "EveryNode"
+        )
+    except (FleetError, FaultError, ValueError, ConnectionError) as exc:
+        print(f"mocksandbox: {exc}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        alive = fleet.replicas()
+        nodes = sorted({r["node_id"] for r in alive})
+        print(
+            f"mocksandbox {__version__} serving on {fleet.url} with {len(alive)} Ray Serve replicas on "
+            f"{len(nodes)} node(s)",
+            flush=True,
+        )
+        where = "every node with a replica" if args.proxy_location != "HeadOnly" else "the head node"
+        print(f"  proxies: on {where}, each at {fleet.url}", flush=True)
+        print("  control state: one Ray actor (journal, cap, faults, leases, sessions)", flush=True)
+        print("  press Ctrl-C to stop", flush=True)
+        known = {r["key"] for r in alive}
+        while True:  # say when Serve replaces a replica
+            time.sleep(1.0)
+            now = {r["key"] for r in fleet.replicas()}
+            for key in sorted(known - now):
+                print(f"mocksandbox: {key} is gone", flush=True)
+            for key in sorted(now - known):
+                print(f"mocksandbox: {key} joined", flush=True)
+            known = now
+    except KeyboardInterrupt:
+        pass
+    finally:
+        print("\nmocksandbox: stopping the fleet", flush=True)
+        fleet.stop()
+    return 0
+
+
+#: ``--ray`` without an address: a new local Ray instance on 127.0.0.1.
+LOCAL_RAY = "local"
+
+
 def _jupyter_missing(python: str) -> str | None:
     from mocksandbox.extras import jupyter_missing
 
@@ -325,6 +385,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-any-host",
         action="store_true",
         help="answer any Host and Origin (only behind a proxy that checks them: web pages could run code)",
+    )
+    fleet = serve.add_argument_group("Ray fleet (pip install 'mocksandbox[fleet]')")
+    fleet.add_argument(
+        "--ray",
+        nargs="?",
+        const=LOCAL_RAY,
+        metavar="ADDRESS",
+        help="serve as a Ray Serve fleet: join the cluster at ADDRESS (auto: the one `ray start` began "
+        "here), or start a local one on 127.0.0.1 when no ADDRESS is given",
+    )
+    fleet.add_argument("--replicas", type=int, metavar="N", help="replicas of the fleet (default 2)")
+    fleet.add_argument(
+        "--proxy-location",
+        choices=["EveryNode", "HeadOnly"],
+        help="an HTTP proxy on every node with a replica (default) or on the head node only",
     )
     swedev = serve.add_argument_group("swedev sessions")
     swedev.add_argument(

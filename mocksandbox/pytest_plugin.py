@@ -33,6 +33,12 @@ Markers
 ``@pytest.mark.mocksandbox_workers(2)``
     The test's ``mocksandbox`` handle is a server of N worker processes over one control state
     (``serve --workers N``), started once per session (and xdist worker) for each N asked for.
+``mocksandbox_fleet`` and ``@pytest.mark.mocksandbox_fleet(replicas=3)``
+    A :class:`MockSandboxHandle` for a Ray Serve fleet of the mock (``serve --ray``, see
+    :mod:`mocksandbox.fleet`) on the Ray cluster this process is connected to (a local one is
+    started if none is), reset at the start of the test like ``mocksandbox``. One fleet per
+    session and set of marker arguments (``replicas``, default 2, and other ``deploy`` options);
+    needs ``mocksandbox[fleet]``.
 
 Options
 -------
@@ -57,6 +63,7 @@ import pytest
 if TYPE_CHECKING:
     from mocksandbox.core import MockSandbox
     from mocksandbox.faults import FaultRule
+    from mocksandbox.fleet import Fleet
     from mocksandbox.journal import JournalEntry
     from mocksandbox.server import ServerThread
     from mocksandbox.workers import PoolControl
@@ -107,6 +114,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "mocksandbox_workers(n): serve this test's mocksandbox from n worker processes"
     )
     config.addinivalue_line(
+        "markers", "mocksandbox_fleet(replicas=2, **deploy): the Ray Serve fleet behind mocksandbox_fleet"
+    )
+    config.addinivalue_line(
         "markers",
         "mocksandbox_cassette(path, mode='strict', timing=False, redact=()): answer this test's "
         "requests from a cassette (--mocksandbox-record URL re-records it)",
@@ -152,8 +162,9 @@ _EARLY_SERVER = pytest.StashKey["_EarlyServer"]()
 class MockSandboxHandle:
     """What a test holds: the sandbox's state and helpers to shape and inspect it."""
 
-    def __init__(self, sandbox: MockSandbox | PoolControl, url: str) -> None:
-        #: The sandbox behind the server (a :class:`~mocksandbox.workers.PoolControl` for workers).
+    def __init__(self, sandbox: MockSandbox | PoolControl | Fleet, url: str) -> None:
+        #: The sandbox behind the server (a :class:`~mocksandbox.workers.PoolControl` for workers,
+        #: a :class:`~mocksandbox.fleet.Fleet` for a Ray fleet).
         self.sandbox = sandbox
         #: Base URL of the server (``http://127.0.0.1:<port>``).
         self.url = url
@@ -261,7 +272,7 @@ def mocksandbox_url(mocksandbox_server: ServerThread) -> str:
     return mocksandbox_server.url
 
 
-def _prepare(box: MockSandbox | PoolControl, node: pytest.Item) -> None:
+def _prepare(box: MockSandbox | PoolControl | Fleet, node: pytest.Item) -> None:
     # Reset at the start: another fixture's teardown may still have sent requests after the last test.
     box.wait_idle()
     box.reset()
@@ -276,7 +287,7 @@ def _prepare(box: MockSandbox | PoolControl, node: pytest.Item) -> None:
         use_cassette(box, node)
 
 
-def _reraise_server_errors(box: MockSandbox | PoolControl) -> None:
+def _reraise_server_errors(box: MockSandbox | PoolControl | Fleet) -> None:
     errors = box.take_errors()
     if errors:
         first = errors[0]
@@ -365,3 +376,69 @@ def mocksandbox_inprocess(
     with route_requests_to(mocksandbox_core, INPROCESS_BASE_URL):
         yield MockSandboxHandle(mocksandbox_core, INPROCESS_BASE_URL)
     _reraise_server_errors(mocksandbox_core)
+
+
+class _Fleets:
+    """The session's Ray fleet, deployed on first use on the Ray cluster connected then, and
+    replaced when a test asks for other marker arguments (one fleet at a time: they would share
+    Serve's proxies). A test module that brings its own cluster and shuts it down takes the fleet
+    with it: it is forgotten when the cluster changes."""
+
+    def __init__(self) -> None:
+        self.fleet: Fleet | None = None
+        self.key: tuple[str, tuple[tuple[str, Any], ...]] | None = None
+
+    def get(self, options: dict[str, Any]) -> Fleet:
+        import ray
+
+        from mocksandbox.fleet import deploy
+
+        cluster = ray.get_runtime_context().gcs_address if ray.is_initialized() else ""
+        key = (cluster, tuple(sorted(options.items())))
+        if self.fleet is not None and self.key == key:
+            return self.fleet
+        if self.fleet is not None:
+            if self.key is not None and self.key[0] == cluster:
+                self.fleet.stop()
+            self.fleet = None  # (on another cluster: gone with it)
+        fleet = deploy(**{"replicas": 2, "port": 0, "name": "mocksandbox-fixture", **options})
+        self.fleet, self.key = fleet, (ray.get_runtime_context().gcs_address, key[1])
+        return fleet
+
+    def close(self) -> None:
+        import ray
+
+        if self.fleet is None or self.key is None or not ray.is_initialized():
+            return
+        if ray.get_runtime_context().gcs_address == self.key[0]:  # (else: gone with its cluster)
+            self.fleet.stop()
+        self.fleet = self.key = None
+
+
+@pytest.fixture(scope="session")
+def _mocksandbox_fleets() -> Iterator[_Fleets]:
+    fleets = _Fleets()
+    yield fleets
+    fleets.close()
+
+
+@pytest.fixture
+def mocksandbox_fleet(request: pytest.FixtureRequest) -> Iterator[MockSandboxHandle]:
+    """A Ray Serve fleet of the mock (``@pytest.mark.mocksandbox_fleet(replicas=3)``), reset for
+    this test, as a :class:`MockSandboxHandle`; ``handle.sandbox`` is the
+    :class:`~mocksandbox.fleet.Fleet` (replicas, their nodes, :meth:`~mocksandbox.fleet.Fleet.stop`)."""
+    from mocksandbox.extras import MissingExtraError
+    from mocksandbox.fleet import require_fleet_extra
+
+    try:
+        require_fleet_extra()
+    except MissingExtraError as exc:
+        pytest.skip(str(exc))
+    marker = request.node.get_closest_marker("mocksandbox_fleet")
+    options = dict(marker.kwargs) if marker is not None else {}
+    if marker is not None and marker.args:
+        options["replicas"] = int(marker.args[0])
+    fleet = request.getfixturevalue("_mocksandbox_fleets").get(options)
+    _prepare(fleet, request.node)
+    yield MockSandboxHandle(fleet, fleet.url)
+    _reraise_server_errors(fleet)

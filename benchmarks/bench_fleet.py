@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""The Ray fleet next to one server on this machine: what a request costs through Serve.
+
+Starts ``mocksandbox serve`` (one process, 127.0.0.1, a free port) and a fleet of ``--replicas``
+replicas on a new local Ray instance (loopback, no dashboard), then loads each with ``POST
+/run_code {"code": "print(1)"}`` from client threads with keep-alive connections:
+
+* concurrency 1: p50 and p90 latency of each, and the fleet's p50 overhead (fleet - single);
+* concurrency 16 and 64 (``--concurrency``): throughput of each;
+* the per-request CPU of the fleet's parts, measured from their processes (``ray::ControlActor``,
+  ``ray::ServeReplica``, ``ray::ProxyActor``, and the programs they run), and the round trip of
+  one ``admit`` + ``finish`` pair to the control actor. These are what a projection to N nodes
+  rests on: proxies, replicas and programs scale out with the nodes, the one control actor does
+  not, so ``1 / (control actor CPU per request)`` is the fleet-wide ceiling of that design.
+
+    python benchmarks/bench_fleet.py
+    python benchmarks/bench_fleet.py --replicas 2 --requests 300 --json fleet.json
+
+Measured, not asserted. Only loopback addresses are used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+import psutil
+
+BODY = json.dumps({"code": "print(1)", "language": "python"}).encode()
+HEADERS = {"Content-Type": "application/json"}
+
+
+def load(url: str, concurrency: int, requests: int) -> dict[str, Any]:
+    """``requests`` calls from ``concurrency`` threads, one keep-alive connection each."""
+    parts = urlsplit(url)
+    latencies: list[float] = []
+    failures = 0
+    lock = threading.Lock()
+    counter = iter(range(requests))
+
+    def worker() -> None:
+        nonlocal failures
+        connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=120)
+        while True:
+            with lock:
+                if next(counter, None) is None:
+                    break
+            started = time.perf_counter()
+            try:
+                connection.request("POST", "/run_code", BODY, HEADERS)
+                reply = connection.getresponse()
+                data = reply.read()
+                ok = reply.status == 200 and b'"stdout":"1\\n"' in data
+            except (OSError, http.client.HTTPException):
+                ok = False
+                connection.close()
+                connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=120)
+            elapsed = time.perf_counter() - started
+            with lock:
+                latencies.append(elapsed)
+                failures += not ok
+        connection.close()
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - started
+    latencies.sort()
+    return {
+        "concurrency": concurrency,
+        "requests": requests,
+        "failures": failures,
+        "req_per_s": requests / wall,
+        "p50_ms": 1000 * statistics.median(latencies),
+        "p90_ms": 1000 * latencies[int(0.9 * (len(latencies) - 1))],
+    }
+
+
+def start_single_server() -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mocksandbox.cli", "serve", "--host", "127.0.0.1", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None
+    match = re.search(r"serving on (http://\S+)", proc.stdout.readline())
+    if not match:
+        proc.kill()
+        raise SystemExit("could not start mocksandbox serve")
+    threading.Thread(target=proc.stdout.read, daemon=True).start()  # drain the banner
+    return proc, match.group(1)
+
+
+GROUPS = {
+    "control actor": "ray::ControlActor",
+    "replicas": "ray::ServeReplica",
+    "proxies": "ray::ProxyActor",
+}
+
+
+def _group_of(process: psutil.Process) -> str | None:
+    try:
+        title = " ".join(process.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+    for group, mark in GROUPS.items():
+        if title.startswith(mark):
+            return group
+    return None
+
+
+def fleet_cpu() -> dict[str, float]:
+    """CPU seconds so far of the fleet's processes by part; ``programs``: the replicas' children
+    (launchers and the programs they run), counted when they are reaped."""
+    totals = dict.fromkeys([*GROUPS, "programs"], 0.0)
+    for process in psutil.process_iter():
+        group = _group_of(process)
+        if group is None:
+            continue
+        try:
+            times = process.cpu_times()
+            totals[group] += times.user + times.system
+            if group == "replicas":
+                totals["programs"] += times.children_user + times.children_system
+                for child in process.children(recursive=True):
+                    child_times = child.cpu_times()
+                    totals["programs"] += child_times.user + child_times.system
+        except psutil.NoSuchProcess:
+            continue
+    return totals
+
+
+def control_round_trip(fleet: Any, samples: int = 300) -> float:
+    """Median seconds of one admit + finish pair from this process to the control actor."""
+    from mocksandbox.control.state import IncomingRequest
+
+    timings = []
+    request = IncomingRequest("POST", "/bench", "", BODY, "bench:0")
+    for _ in range(samples):
+        started = time.perf_counter()
+        admission = fleet.control.admit(request)
+        fleet.control.finish(admission.entry_id, 200, b"{}")
+        timings.append(time.perf_counter() - started)
+    return statistics.median(timings)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--requests", type=int, default=300, help="per concurrency level (300)")
+    parser.add_argument("--concurrency", default="16,64", help="levels besides 1 (16,64)")
+    parser.add_argument("--json", metavar="FILE", help="write the figures here")
+    args = parser.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    results: dict[str, Any] = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "replicas": args.replicas,
+    }
+
+    proc, single_url = start_single_server()
+    try:
+        load(single_url, 4, 40)  # warm
+        results["single"] = [load(single_url, 1, args.requests)] + [
+            load(single_url, c, args.requests) for c in levels
+        ]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+    from mocksandbox.fleet import deploy
+    from mocksandbox.settings import load_settings
+
+    fleet = deploy(
+        load_settings(overrides={"host": "127.0.0.1", "port": 0}), replicas=args.replicas, name="bench"
+    )
+    try:
+        load(fleet.url, 4, 40)  # warm
+        results["fleet"] = [load(fleet.url, 1, args.requests)]
+        before, requests_before = fleet_cpu(), fleet.stats()["requests_total"]
+        for c in levels:
+            results["fleet"].append(load(fleet.url, c, args.requests))
+        after, requests_after = fleet_cpu(), fleet.stats()["requests_total"]
+        served = max(1, requests_after - requests_before)
+        results["cpu_ms_per_request"] = {k: 1000 * (after[k] - before[k]) / served for k in after}
+        results["control_round_trip_ms"] = 1000 * control_round_trip(fleet)
+    finally:
+        fleet.stop()
+
+    single1, fleet1 = results["single"][0], results["fleet"][0]
+    results["p50_overhead_ms"] = fleet1["p50_ms"] - single1["p50_ms"]
+    actor_ms = results["cpu_ms_per_request"]["control actor"]
+    results["control_actor_ceiling_req_per_s"] = 1000 / actor_ms if actor_ms > 0 else None
+
+    print(f"{'':10}{'conc':>6}{'req/s':>10}{'p50 ms':>10}{'p90 ms':>10}{'fail':>6}")
+    for name in ("single", "fleet"):
+        for row in results[name]:
+            print(
+                f"{name:10}{row['concurrency']:>6}{row['req_per_s']:>10.1f}{row['p50_ms']:>10.2f}"
+                f"{row['p90_ms']:>10.2f}{row['failures']:>6}"
+            )
+    print(f"fleet p50 overhead at concurrency 1: {results['p50_overhead_ms']:.2f} ms")
+    print(
+        "fleet CPU per request (ms): "
+        + ", ".join(f"{k} {v:.2f}" for k, v in results["cpu_ms_per_request"].items())
+    )
+    print(f"control actor admit+finish round trip: {results['control_round_trip_ms']:.2f} ms")
+    if results["control_actor_ceiling_req_per_s"]:
+        print(
+            f"one control actor's ceiling: ~{results['control_actor_ceiling_req_per_s']:.0f} req/s fleet-wide"
+        )
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(results, out, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""The fleet's control actor as a plain object (no Ray cluster): leases, slots and the session index.
+
+Ray's part (noticing that a replica's actor died) is exercised on a real cluster in
+``test_fleet_cluster.py``; here a death is declared directly, as the watcher does on Ray's report.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # before Ray's first import
+pytest.importorskip("ray")
+
+from mocksandbox.control.ray_state import ControlActor
+from mocksandbox.control.state import CapacityPolicy, IncomingRequest
+from mocksandbox.faults import validate_fault_spec
+
+
+@pytest.fixture
+def actor() -> Iterator[ControlActor]:
+    actor = ControlActor(1000, CapacityPolicy(max_in_flight=3), [])
+    yield actor
+    actor.shutdown()
+
+
+def request(code: str = "print(1)") -> IncomingRequest:
+    return IncomingRequest("POST", "/run_code", "", f'{{"code": "{code}"}}'.encode(), "c:1")
+
+
+def test_a_dead_replicas_permits_and_requests_come_back(actor: ControlActor) -> None:
+    actor.register("a", None, "node-1", "http://a")
+    actor.register("b", None, "node-2", "http://b")
+    a1, a2 = actor.admit(request(), "a"), actor.admit(request(), "a")
+    b1 = actor.admit(request(), "b")
+    assert all(x.admitted for x in (a1, a2, b1))
+    assert not actor.admit(request(), "b").admitted  # the cap: 3
+    actor._declare_dead("a", "died")
+    assert actor.stats()["in_flight"] == 1
+    lost = [e for e in actor.entries() if e.id in (a1.entry_id, a2.entry_id)]
+    assert [e.outcome for e in lost] == ["lost", "lost"]
+    [event] = [e for e in actor.entries() if e.method == "EVENT"][-1:]
+    assert "replica a died; 2 request(s) it was serving lost, 2 cap permit(s) given back" in str(event.body)
+    # Its late calls change nothing (its permits went back already).
+    actor.finish(a1.entry_id, 200, b"{}", "answered", True, "a")
+    actor.leave("a")
+    assert actor.stats()["in_flight"] == 1
+    # The whole cap is there again: two more besides b's.
+    assert actor.admit(request(), "b").admitted and actor.admit(request(), "b").admitted
+    assert not actor.admit(request(), "b").admitted
+
+
+def test_admitted_after_its_replica_died_the_permit_goes_back_at_once(actor: ControlActor) -> None:
+    actor.register("a", None, "node-1", "http://a")
+    actor._declare_dead("a", "died")
+    admission = actor.admit(request(), "a")
+    assert admission.admitted  # (the waiting caller is gone; nobody reads this)
+    assert actor.stats()["in_flight"] == 0
+
+
+def test_finish_and_leave_release_exactly_their_own_permits(actor: ControlActor) -> None:
+    actor.register("a", None, "node-1", "http://a")
+    first = actor.admit(request(), "a")
+    second = actor.admit(request(), "a")
+    actor.finish(first.entry_id, 200, b"{}", "answered", True, "a")
+    actor.finish(second.entry_id, 200, b"{}", "answered", False, "a")  # a slow body: still in flight
+    assert [r["held"] for r in actor.replicas()] == [1]
+    actor.leave("a")
+    assert [r["held"] for r in actor.replicas()] == [0] and actor.stats()["in_flight"] == 0
+
+
+def test_a_successor_on_the_same_node_takes_the_dead_replicas_slot(actor: ControlActor) -> None:
+    assert actor.register("a", None, "node-1", "http://a") == 1
+    assert actor.register("b", None, "node-2", "http://b") == 2
+    actor._declare_dead("a", "died")
+    assert actor.register("c", None, "node-2", "http://c") == 3  # another node: a new slot
+    assert actor.register("d", None, "node-1", "http://d") == 1  # a's node: a's slot
+    assert sorted((r["key"], r["slot"], r["alive"]) for r in actor.replicas()) == [
+        ("b", 2, True),
+        ("c", 3, True),
+        ("d", 1, True),
+    ]
+
+
+def test_sessions_route_to_whoever_holds_their_slot(actor: ControlActor) -> None:
+    actor.register("a", None, "node-1", "http://a")
+    actor.place_session("42", "a")
+    assert actor.route_session("42") == (1, "a", "http://a")
+    assert actor.route_session("43") is None
+    actor._declare_dead("a", "died")
+    assert actor.route_session("42") == (1, None, None)  # down: the router answers 503
+    actor.register("b", None, "node-1", "http://b")
+    assert actor.route_session("42") == (1, "b", "http://b")
+    actor.reset([], CapacityPolicy())
+    assert actor.route_session("42") is None
+
+
+def test_fault_schedules_are_counted_once_for_every_replica(actor: ControlActor) -> None:
+    actor.register("a", None, "node-1", "http://a")
+    actor.register("b", None, "node-2", "http://b")
+    actor.set_capacity(CapacityPolicy())
+    [rule] = actor.add_faults(
+        [
+            validate_fault_spec(
+                {
+                    "match": {"path": "/run_code"},
+                    "action": {"type": "status", "status": 503},
+                    "schedule": {"first": 3},
+                }
+            )
+        ]
+    )
+    fired = 0
+    for i in range(8):
+        admission = actor.admit(request(), "ab"[i % 2])
+        fired += admission.decision.action is not None
+        actor.finish(admission.entry_id, 200, b"{}", "answered", True, "ab"[i % 2])
+    assert fired == 3
+    assert actor.stats()["faults_fired"] == {rule.id: 3}
