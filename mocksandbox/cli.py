@@ -337,7 +337,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="port to bind (default 8080; 0 picks a free one)")
     serve.add_argument("--config", metavar="FILE", help="settings file (.toml, .yaml or .json)")
     serve.add_argument(
-        "--python", metavar="PATH", help="interpreter for user Python code (default: this one)"
+        "--python",
+        metavar="PATH",
+        help="interpreter for user Python code and Jupyter kernels "
+        "(default: the runtime dir's Python venv if installed, else this one)",
     )
     serve.add_argument(
         "--runtime-dir", metavar="DIR", help="toolchain shims and runtime libraries (`runtime install`)"
