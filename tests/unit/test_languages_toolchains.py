@@ -9,6 +9,7 @@ they are absent, so the suite passes on a bare CI machine. Expectations follow t
 from __future__ import annotations
 
 import base64
+import os
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ import pytest
 
 from mocksandbox.core import MockSandbox
 from mocksandbox.models import CommandRunStatus, RunCodeRequest, RunCodeResponse, RunStatus
+from mocksandbox.runtime.layout import RuntimeDir
 from mocksandbox.settings import load_settings
 
 #: Languages whose runner has a compile step (contract §2.7 column C; swift's runner compiles
@@ -32,12 +34,26 @@ def b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
+#: The PATH runs get: the runtime dir's ``bin/`` (``mocksandbox runtime install``: tsx, a dmd
+#: shim, ...) before this process's own.
+RUN_PATH = (
+    f"{RuntimeDir(load_settings().runtime_dir).bin_dir}{os.pathsep}{os.environ.get('PATH', os.defpath)}"
+)
+
+
+def installed(binary: str) -> bool:
+    """``binary`` is found where runs look for it."""
+    return shutil.which(binary, path=RUN_PATH) is not None
+
+
 def toolchain(*binaries: str) -> list[pytest.MarkDecorator]:
     """Mark a case as needing ``binaries``; skip it, naming what is missing, when they are absent."""
-    missing = [name for name in binaries if shutil.which(name) is None]
+    missing = [name for name in binaries if not installed(name)]
     return [
         pytest.mark.toolchain(binaries[0]),
-        pytest.mark.skipif(bool(missing), reason=f"toolchain binary not on PATH: {', '.join(missing)}"),
+        pytest.mark.skipif(
+            bool(missing), reason=f"toolchain binary not on PATH nor in the runtime dir: {', '.join(missing)}"
+        ),
     ]
 
 
@@ -366,7 +382,7 @@ ABSENT = [("julia", "julia"), ("kotlin_script", "kotlin"), ("lean", "lake"), ("s
             language,
             binary,
             marks=pytest.mark.skipif(
-                shutil.which(binary) is not None, reason=f"{binary} is installed here, so it is not missing"
+                installed(binary), reason=f"{binary} is installed here, so it is not missing"
             ),
             id=language,
         )
