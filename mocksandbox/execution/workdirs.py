@@ -20,7 +20,6 @@ back (the runner's jail), so nothing of an old run can write into a dir another 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import random
@@ -43,7 +42,8 @@ def _find_rename_noreplace() -> Callable[[str, str], None] | None:
     rename silently replaces an empty dir of that name: someone else's fresh temp dir); ``None``
     where the C library lacks ``renameat2``."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        # The process's own symbols, libc's among them (find_library would run ldconfig).
+        libc = ctypes.CDLL(None, use_errno=True)
         renameat2 = libc.renameat2
     except (OSError, AttributeError):
         return None
