@@ -54,6 +54,24 @@ def open_console(chromium: Any, wait_for: Wait, url: str, tab: str) -> None:
     )
 
 
+def click_first(
+    wait_for: Wait, selector: str, message: str, describe: Callable[[Any], Any] = lambda e: e.text
+) -> Any:
+    """Click the first element matching ``selector`` once there is one; ``describe(element)``, read
+    just before the click. Found, read and clicked in one attempt, retried whole when the live feed
+    re-renders the element meanwhile (a stale element): a test must not depend on that timing."""
+
+    def attempt(driver: Any) -> Any:
+        element = next(iter(css(driver, selector)), None)
+        if element is None:
+            return None
+        described = describe(element)
+        element.click()
+        return (described,)
+
+    return wait_for(attempt, message)[0]
+
+
 def type_into(element: Any, text: str) -> None:
     element.clear()
     element.send_keys(text)
@@ -143,13 +161,14 @@ def test_fault_form_adds_a_rule_the_next_request_meets(
 
     # The journal shows the faulted request (it arrived through the live feed) and its detail.
     chromium.get(f"{mocksandbox.url}/_mock/ui#journal")
-    row = wait_for(
-        lambda d: next(iter(css(d, "#journal-table tbody tr[data-status='503']")), None),
+    fault_cell, row_text = click_first(
+        wait_for,
+        "#journal-table tbody tr[data-status='503']",
         "the faulted request is not in the journal",
+        lambda row: (row.find_elements("css selector", "td.fault")[0].text, row.text),
     )
-    assert "status" in row.find_elements("css selector", "td.fault")[0].text
-    assert rule.id in row.text
-    row.click()
+    assert "status" in fault_cell
+    assert rule.id in row_text
     wait_for(lambda d: '"language": "python"' in text_of(d, "entry-request"), "no request body shown")
     assert '"detail": "Service Unavailable"' in text_of(chromium, "entry-response")
     by_id(chromium, "copy-python").click()
@@ -172,11 +191,7 @@ def test_fault_form_adds_a_rule_the_next_request_meets(
 
     # Removed from its row's button.
     chromium.get(f"{mocksandbox.url}/_mock/ui#faults")
-    remove = wait_for(
-        lambda d: next(iter(css(d, f"#faults-table tr[data-id='{rule.id}'] button.remove")), None),
-        "the rule is not listed",
-    )
-    remove.click()
+    click_first(wait_for, f"#faults-table tr[data-id='{rule.id}'] button.remove", "the rule is not listed")
     wait_for(lambda d: not css(d, "#faults-table tbody tr"), "the removed rule is still listed")
     assert mocksandbox.sandbox.fault_rules() == []
 
@@ -256,11 +271,8 @@ def test_finished_session_shows_its_diff_and_reward(
     assert done["state"] == "finished"
 
     open_console(chromium, wait_for, base, "sessions")
-    row = wait_for(
-        lambda d: next(iter(css(d, f"#sessions-table tr[data-sid='{sid}']")), None), "no session row"
-    )
-    assert "finished" in row.text and instance.instance_id in row.text
-    row.click()
+    row_text = click_first(wait_for, f"#sessions-table tr[data-sid='{sid}']", "no session row")
+    assert "finished" in row_text and instance.instance_id in row_text
     first_added = next(
         line for line in instance.patch.splitlines() if line.startswith("+") and not line.startswith("+++")
     )
