@@ -31,15 +31,9 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from mocksandbox.control.handle import ControlHandle
 from mocksandbox.control.shared import ControlStateServer
-from mocksandbox.control.state import (
-    CapacityPolicy,
-    LocalControlState,
-    ServerError,
-    assert_request_count,
-    select_entries,
-    wait_idle,
-)
+from mocksandbox.control.state import LocalControlState
 from mocksandbox.execution.budget import (
     MemoryBudget,
     MemoryLimit,
@@ -50,8 +44,6 @@ from mocksandbox.execution.budget import (
     plan_memory_budget,
     plan_process_budget,
 )
-from mocksandbox.faults import FaultRule, validate_fault_spec
-from mocksandbox.journal import JournalEntry
 from mocksandbox.settings import Settings
 
 #: Environment variable carrying a worker's settings (JSON), so that no secret or long value shows
@@ -343,7 +335,7 @@ if __name__ == "__main__":
 # -- the pytest fixtures' view of a pool ----------------------------------------------------------------
 
 
-class PoolControl:
+class PoolControl(ControlHandle):
     """What the pytest fixtures do with a :class:`MockSandbox`, done on a running pool: the control
     state is held right here (the fixtures' process is the master), so reading it is exact and
     costs no HTTP; a reset goes through a worker (it also resets the workers' sessions)."""
@@ -353,6 +345,8 @@ class PoolControl:
 
         self.pool = pool
         self.settings = pool.settings
+        self.control = pool.state
+        self.url = pool.url
         self._baseline = MockSandbox.configured_faults(pool.settings)
         self._capacity = capacity_from_settings(pool.settings)
         self._watcher = threading.Thread(target=pool.watch, name="mocksandbox-pool-watch", daemon=True)
@@ -369,51 +363,3 @@ class PoolControl:
     def close(self) -> None:
         self.pool.stop()
         self._watcher.join(timeout=10)
-
-    @property
-    def url(self) -> str:
-        return self.pool.url
-
-    # The same names and meanings as MockSandbox's.
-
-    def add_fault(self, spec: Any = None, **parts: Any) -> FaultRule:
-        (rule,) = self.add_faults([spec if spec is not None else parts])
-        return rule
-
-    def add_faults(self, specs: Any) -> list[FaultRule]:
-        return self.pool.state.add_faults([validate_fault_spec(spec) for spec in specs])
-
-    def fault_rules(self) -> list[FaultRule]:
-        return self.pool.state.fault_rules()
-
-    def clear_faults(self) -> list[str]:
-        return self.pool.state.clear_faults()
-
-    def set_capacity(self, **changes: Any) -> CapacityPolicy:
-        policy = self.pool.state.capacity().changed(**changes)
-        self.pool.state.set_capacity(policy)
-        return policy
-
-    def stats(self) -> dict[str, Any]:
-        return self.pool.state.stats()
-
-    def requests(self, **filters: Any) -> list[JournalEntry]:
-        return select_entries(self.pool.state.entries(), **filters)
-
-    def assert_requests(self, count: int, **filters: Any) -> list[JournalEntry]:
-        return assert_request_count(self.pool.state.entries(), count, **filters)
-
-    def take_errors(self) -> list[ServerError]:
-        return self.pool.state.take_errors()
-
-    def wait_idle(self, timeout: float = 10.0) -> bool:
-        return wait_idle(self.pool.state, timeout)
-
-    def reset(self) -> None:
-        """Everything back to the baseline, the workers' swedev sessions included."""
-        import requests
-
-        reply = requests.post(
-            f"{self.url}/_mock/reset", json={}, timeout=60, proxies={"http": "", "https": ""}
-        )
-        reply.raise_for_status()

@@ -28,16 +28,9 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
-from mocksandbox.control.state import (
-    CapacityPolicy,
-    ServerError,
-    assert_request_count,
-    select_entries,
-    wait_idle,
-)
+from mocksandbox.control.handle import ControlHandle
+from mocksandbox.control.state import CapacityPolicy
 from mocksandbox.extras import MissingExtraError, is_installed
-from mocksandbox.faults import FaultRule, validate_fault_spec
-from mocksandbox.journal import JournalEntry
 from mocksandbox.settings import Settings, load_settings
 
 if TYPE_CHECKING:
@@ -73,10 +66,14 @@ def _free_port(host: str) -> int:
         return int(probe.getsockname()[1])
 
 
-class Fleet:
+class Fleet(ControlHandle):
     """A running fleet: its URL, its control state, and :meth:`stop`. The control methods are
     those of :class:`~mocksandbox.core.MockSandbox` (what the pytest fixtures call), read from the
     control actor directly: exact, and no HTTP."""
+
+    control: RayControlState
+    #: A reset goes through a replica, which resets every replica's sessions.
+    reset_timeout_s = 120
 
     def __init__(
         self,
@@ -162,52 +159,6 @@ class Fleet:
             time.sleep(0.1)
 
     # -- the same names and meanings as MockSandbox's ------------------------------------------------
-
-    def add_fault(self, spec: Any = None, **parts: Any) -> FaultRule:
-        (rule,) = self.add_faults([spec if spec is not None else parts])
-        return rule
-
-    def add_faults(self, specs: Any) -> list[FaultRule]:
-        return self.control.add_faults([validate_fault_spec(spec) for spec in specs])
-
-    def fault_rules(self) -> list[FaultRule]:
-        return self.control.fault_rules()
-
-    def clear_faults(self) -> list[str]:
-        return self.control.clear_faults()
-
-    def set_capacity(self, **changes: Any) -> CapacityPolicy:
-        policy = self.control.capacity().changed(**changes)
-        self.control.set_capacity(policy)
-        return policy
-
-    def stats(self) -> dict[str, Any]:
-        return self.control.stats()
-
-    def timeline(self) -> list[tuple[float, int]]:
-        return self.control.timeline()
-
-    def requests(self, **filters: Any) -> list[JournalEntry]:
-        return select_entries(self.control.entries(), **filters)
-
-    def assert_requests(self, count: int, **filters: Any) -> list[JournalEntry]:
-        return assert_request_count(self.control.entries(), count, **filters)
-
-    def take_errors(self) -> list[ServerError]:
-        return self.control.take_errors()
-
-    def wait_idle(self, timeout: float = 10.0) -> bool:
-        return wait_idle(self.control, timeout)
-
-    def reset(self) -> None:
-        """Everything back to the baseline on every replica, swedev sessions included (through a
-        replica: it resets the others' sessions)."""
-        import requests
-
-        reply = requests.post(
-            f"{self.url}/_mock/reset", json={}, timeout=120, proxies={"http": "", "https": ""}
-        )
-        reply.raise_for_status()
 
 
 def _connect(address: str | None, namespace: str) -> bool:
