@@ -5,11 +5,9 @@ and that an idle feed stays quiet. No sockets but the state server's Unix socket
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 
-from mocksandbox.control.shared import ControlStateServer, RemoteControlState
 from mocksandbox.control.state import CapacityPolicy, ControlState, IncomingRequest, LocalControlState
 from mocksandbox.faults import FaultSpec
 from mocksandbox.journal import InFlight, Journal
@@ -25,21 +23,6 @@ class FakeClock:
 
     def sleep(self, seconds: float) -> None:
         self.now += seconds
-
-
-@pytest.fixture(params=["local", "shared"])
-def state(request: pytest.FixtureRequest) -> Iterator[ControlState]:
-    local = LocalControlState()
-    if request.param == "local":
-        yield local
-        return
-    server = ControlStateServer(local)
-    client = RemoteControlState(server.path)
-    try:
-        yield client
-    finally:
-        client.close()
-        server.close()
 
 
 def begin(state: ControlState, n: int, language: str = "python") -> int:

@@ -8,12 +8,11 @@ import subprocess
 import sys
 import threading
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from mocksandbox.control.shared import ControlStateServer, RemoteControlState
+from mocksandbox.control.shared import ControlStateServer
 from mocksandbox.control.state import ControlState, IncomingRequest, LocalControlState
 from mocksandbox.recording.cassette import CassetteWriter, Exchange, RecordedRequest, read_cassette
 from mocksandbox.recording.matching import differences, request_view
@@ -108,21 +107,6 @@ def test_differences_are_named_field_by_field() -> None:
 
 
 # -- the replay turn, counted by the control state --------------------------------------------------------
-
-
-@pytest.fixture(params=["local", "shared"])
-def state(request: pytest.FixtureRequest) -> Iterator[ControlState]:
-    local = LocalControlState()
-    if request.param == "local":
-        yield local
-        return
-    server = ControlStateServer(local)
-    client = RemoteControlState(server.path)
-    try:
-        yield client
-    finally:
-        client.close()
-        server.close()
 
 
 def test_turns_are_exact_under_concurrency_and_restart_after_a_reset(state: ControlState) -> None:

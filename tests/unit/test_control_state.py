@@ -8,7 +8,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -30,21 +29,6 @@ def _request(n: int = 0, worker: str | None = None, path: str = "/run_code") -> 
 
 def _spec(**parts: object) -> FaultSpec:
     return FaultSpec.model_validate(parts)
-
-
-@pytest.fixture(params=["local", "shared"])
-def state(request: pytest.FixtureRequest) -> Iterator[ControlState]:
-    local = LocalControlState()
-    if request.param == "local":
-        yield local
-        return
-    server = ControlStateServer(local)
-    client = RemoteControlState(server.path)
-    try:
-        yield client
-    finally:
-        client.close()
-        server.close()
 
 
 def _serve(state: ControlState, n: int, status: int = 200) -> bool:
