@@ -21,7 +21,6 @@ is journaled, capped and faulted once, by the replica the proxy chose):
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import secrets
@@ -42,7 +41,7 @@ from mocksandbox.sessions.manager import SessionManager
 from mocksandbox.settings import Settings
 from mocksandbox.web import create_app
 from mocksandbox.web.host_guard import HostGuard
-from mocksandbox.web.middleware import DropConnection, MockLayer
+from mocksandbox.web.middleware import DropConnection, MockLayer, read_body_once
 
 StartResponse = Callable[..., Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
@@ -66,18 +65,6 @@ def _json_answer(
         [("Content-Type", "application/json"), ("Content-Length", str(len(body))), *(headers or {}).items()],
     )
     return [body]
-
-
-def _read_body(environ: dict[str, Any]) -> bytes:
-    """The body, left readable again for the next layer (the journal layer read it whole)."""
-    stream = environ["wsgi.input"]
-    try:
-        length = int(environ.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        length = 0
-    raw: bytes = stream.read(length) if length > 0 else b""
-    environ["wsgi.input"] = io.BytesIO(raw)
-    return raw
 
 
 def _session_key(raw: bytes) -> str | None:
@@ -120,7 +107,7 @@ class SessionRouter:
         method = environ.get("REQUEST_METHOD", "GET")
         path = environ.get("PATH_INFO", "")
         if method == "POST" and path in SESSION_POSTS:
-            raw = _read_body(environ)
+            raw = read_body_once(environ)
             return self._route(_session_key(raw), environ, start_response, raw)
         if method == "GET":
             found = _SESSION_GET.match(path)

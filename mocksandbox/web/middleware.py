@@ -75,6 +75,20 @@ class _Answer:
         return body if body is not None else [self.body]
 
 
+def read_body_once(environ: dict[str, Any]) -> bytes:
+    """The request body (``CONTENT_LENGTH`` bytes; none without it), read once and put back, with
+    its true length, for the layers below."""
+    try:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = 0
+    stream = environ["wsgi.input"]
+    raw: bytes = stream.read(length) if length > 0 else b""
+    environ["wsgi.input"] = io.BytesIO(raw)
+    environ["CONTENT_LENGTH"] = str(len(raw))
+    return raw
+
+
 class MockLayer:
     """WSGI middleware applying the sandbox's journal, cap and faults to every API request."""
 
@@ -87,7 +101,7 @@ class MockLayer:
         if path.startswith(CONTROL_PREFIX) or path == CONTROL_PREFIX.rstrip("/"):
             return self.app(environ, start_response)
 
-        raw = self._read_body(environ)
+        raw = read_body_once(environ)
         box = self.sandbox
         control = box.control
         admission = control.admit(
@@ -125,18 +139,6 @@ class MockLayer:
         # A slow body keeps the request in flight until its last chunk is out.
         control.finish(entry_id, answer.status, answer.body, leave=False)
         return answer.send(start_response, _closing(chunks, control.leave))
-
-    @staticmethod
-    def _read_body(environ: dict[str, Any]) -> bytes:
-        try:
-            length = int(environ.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            length = 0
-        stream = environ["wsgi.input"]
-        raw: bytes = stream.read(length) if length > 0 else b""
-        environ["wsgi.input"] = io.BytesIO(raw)
-        environ["CONTENT_LENGTH"] = str(len(raw))
-        return raw
 
     def _answer(
         self, environ: dict[str, Any], decision: FaultDecision
