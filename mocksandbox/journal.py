@@ -144,13 +144,27 @@ class Journal:
         return self._clock() - self._origin
 
     def begin(
-        self, method: str, path: str, query: str, body: bytes, client: str, worker: str | None = None
+        self,
+        method: str,
+        path: str,
+        query: str,
+        body: bytes,
+        client: str,
+        worker: str | None = None,
+        *,
+        entry_id: int | None = None,
+        at: float | None = None,
     ) -> JournalEntry:
+        """Journal a request as it arrives. ``entry_id`` and ``at`` (a clock reading): when another
+        process gave it its place in the order and saw it arrive (several workers, one journal);
+        the entry then goes in id order, wherever it lands."""
         with self._lock:
-            entry = JournalEntry(next(self._ids), method, path, query, body[:BODY_LIMIT], client, self.now())
+            entry_id = next(self._ids) if entry_id is None else entry_id
+            started = self.now() if at is None else at - self._origin
+            entry = JournalEntry(entry_id, method, path, query, body[:BODY_LIMIT], client, started)
             entry.body_truncated = len(body) > BODY_LIMIT
             entry.worker = worker
-            self._entries.append(entry)
+            self._insert(entry)
             self._pending[entry.id] = entry
             if len(self._pending) > self.limit:  # requests that failed before their answer
                 del self._pending[next(iter(self._pending))]
@@ -158,13 +172,33 @@ class Journal:
             self.by_path[path] += 1
         return entry
 
-    def note_event(self, text: str, worker: str | None = None) -> JournalEntry:
+    def _insert(self, entry: JournalEntry) -> None:
+        """Put ``entry`` in id order: at the end, unless entries given their ids later by other
+        processes arrived first (then a few places before it)."""
+        entries = self._entries
+        if not entries or entries[-1].id < entry.id:
+            entries.append(entry)
+            return
+        index = len(entries)
+        while index > 0 and entries[index - 1].id > entry.id:
+            index -= 1
+        if len(entries) == entries.maxlen:
+            if index == 0:
+                return  # older than everything the bounded journal still holds
+            entries.popleft()
+            index -= 1
+        entries.insert(index, entry)
+
+    def note_event(
+        self, text: str, worker: str | None = None, *, entry_id: int | None = None
+    ) -> JournalEntry:
         """Something that happened to the server itself (a worker died and was replaced), in the
         journal's order; not a request, so not counted as one."""
         with self._lock:
-            entry = JournalEntry(next(self._ids), "EVENT", "", "", text.encode(), "", self.now())
+            entry_id = next(self._ids) if entry_id is None else entry_id
+            entry = JournalEntry(entry_id, "EVENT", "", "", text.encode(), "", self.now())
             entry.worker, entry.outcome, entry.ended = worker, "event", entry.started
-            self._entries.append(entry)
+            self._insert(entry)
         return entry
 
     def note_faults(self, entry: JournalEntry, decision: FaultDecision) -> None:
@@ -174,17 +208,28 @@ class Journal:
             entry.fault_action = getattr(decision.action, "type", "delay" if decision.delay_seconds else None)
 
     def finish_id(
-        self, entry_id: int, status: int | None, response: bytes | None, outcome: str = "answered"
+        self,
+        entry_id: int,
+        status: int | None,
+        response: bytes | None,
+        outcome: str = "answered",
+        at: float | None = None,
     ) -> None:
         """:meth:`finish` for the entry begun with ``entry_id`` (ignored after a reset)."""
         with self._lock:
             entry = self._pending.get(entry_id)
         if entry is not None:
-            self.finish(entry, status, response, outcome)
+            self.finish(entry, status, response, outcome, at)
 
     def finish(
-        self, entry: JournalEntry, status: int | None, response: bytes | None, outcome: str = "answered"
+        self,
+        entry: JournalEntry,
+        status: int | None,
+        response: bytes | None,
+        outcome: str = "answered",
+        at: float | None = None,
     ) -> None:
+        """Record the answer to ``entry`` (``at``: a clock reading, when another process saw it)."""
         with self._lock:
             if self._pending.pop(entry.id, None) is None:
                 return  # finished already, or begun before a reset
@@ -192,7 +237,7 @@ class Journal:
             if response is not None:
                 entry.raw_response = response[:BODY_LIMIT]
                 entry.response_truncated = len(response) > BODY_LIMIT
-            entry.ended = self.now()
+            entry.ended = self.now() if at is None else at - self._origin
             self.by_status[str(status) if status is not None else "none"] += 1
             for rule_id in entry.faults:
                 self.faults_fired[rule_id] += 1

@@ -1,12 +1,13 @@
 """``mocksandbox serve --workers N``: N server processes answering from one address, one state.
 
 The process model: the *master* (the ``mocksandbox serve`` process) binds the listening socket,
-holds the control state (:class:`~mocksandbox.control.state.LocalControlState`, served to the
-workers by a :class:`~mocksandbox.control.shared.ControlStateServer`) and the sessions' state dir,
-and starts N *workers*: ``python -m mocksandbox.workers``, each inheriting the listening socket and
-accepting from it (the kernel hands each connection to one of them), each with its own app,
-launcher and confinement, and a :class:`~mocksandbox.control.shared.RemoteControlState`. The
-host's process budget is split between them.
+holds the control state (:class:`~mocksandbox.control.pooled.PooledControlState`, served to the
+workers by a :class:`~mocksandbox.control.shared.ControlStateServer`, its counters mapped by all)
+and the sessions' state dir, and starts N *workers*: ``python -m mocksandbox.workers``, each
+inheriting the listening socket and accepting from it (the kernel hands each connection to one of
+them), each with its own app, launcher and confinement, and a
+:class:`~mocksandbox.control.shared.RemoteControlState`. The host's process budget is split between
+them.
 
 Why this and not gunicorn: the server's own request handler (keep-alive with bodies read whole,
 connection resets for faults, the launcher per process) stays as it is, and a worker is a new
@@ -32,8 +33,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from mocksandbox.control.handle import ControlHandle
+from mocksandbox.control.pooled import PooledControlState
 from mocksandbox.control.shared import ControlStateServer
-from mocksandbox.control.state import LocalControlState
 from mocksandbox.execution.budget import (
     MemoryBudget,
     MemoryLimit,
@@ -134,10 +135,15 @@ class WorkerPool:
         self.worker_memory_budget = split_budget(self.memory_budget, count)
         self.listener = shared_listener(settings.host, settings.port)
         try:
-            self.state = LocalControlState(settings.journal_limit, capacity_from_settings(settings))
+            self.state = PooledControlState(settings.journal_limit, capacity_from_settings(settings))
+        except BaseException:
+            self.listener.close()
+            raise
+        try:
             self.state.reset(MockSandbox.configured_faults(settings), capacity_from_settings(settings))
             self.state_dir = open_shared_state_dir(settings)
         except BaseException:
+            self.state.close()
             self.listener.close()
             raise
         self.control = ControlStateServer(self.state)
@@ -228,7 +234,7 @@ class WorkerPool:
                         f"{worker.name} (pid {process.pid}) died ({how}); "
                         f"replaced by pid {worker.process.pid}"
                     )
-                self.state.journal.note_event(text, worker.name)
+                self.state.note_event(text, worker.name)
                 self.say(f"mocksandbox: {text}")
 
     def stop(self) -> None:
@@ -247,6 +253,7 @@ class WorkerPool:
                 worker.process.kill()
                 worker.process.wait()
         self.control.close()
+        self.state.close()
         self.listener.close()
         self.state_dir.close()
 

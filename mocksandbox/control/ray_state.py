@@ -386,7 +386,7 @@ class RayControlState:
     ) -> None:
         self._call("finish", entry_id, status, response, outcome, leave, self.replica)
 
-    def leave(self) -> None:
+    def leave(self, entry_id: int | None = None) -> None:
         self._call("leave", self.replica)
 
     def add_faults(self, specs: list[FaultSpec]) -> list[FaultRule]:

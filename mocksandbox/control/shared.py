@@ -10,12 +10,20 @@ refused, and counted, once), the fault schedules' counters and seeded random str
 
 Why a state server rather than shared memory or SQLite: the journal holds bodies of any size and
 the fault rules are objects with their own counters and random streams; one process that owns them
-keeps the single-process code as it is. A request costs two round trips (``admit``, ``finish``),
-each a few tens of microseconds on a Unix socket.
+keeps the single-process code as it is. A call costs a round trip, a few tens of microseconds on a
+Unix socket plus a thread switch in both processes.
+
+A request need not pay it. When the state is a :class:`~mocksandbox.control.pooled.PooledControlState`,
+its ids and in-flight count live in :class:`~mocksandbox.control.counters.SharedCounters` that the
+clients map: a client admits by itself while no fault rule is in force and the cap rejects rather
+than queues, and *tells* the server each request, its answer and the in-flight changes on a channel
+of its own, one way, without waiting (see that module for why reads stay exact).
 
 Wire format: a 4-byte big-endian length, then a :mod:`marshal` payload (plain values only:
 ``marshal`` builds no objects of other types, so a message cannot run code in the state server).
-A call is ``(operation, arguments)``; an answer ``(True, value)`` or ``(False, kind, message)``.
+A call is ``(operation, arguments)``; an answer ``(True, value)`` or ``(False, kind, message)``. A
+connection whose first call is ``("channel", ())`` becomes a channel: it carries what a client
+tells, and nothing is answered on it.
 Each client thread keeps its own connection, so a request waiting for a slot (``overload:
 queue``) blocks no other.
 """
@@ -24,10 +32,12 @@ from __future__ import annotations
 
 import marshal
 import os
+import select
 import socket
 import struct
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import astuple
 from pathlib import Path
@@ -35,6 +45,8 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from mocksandbox.control.counters import SharedCounters
+from mocksandbox.control.pooled import PooledControlState
 from mocksandbox.control.state import (
     Admission,
     CapacityPolicy,
@@ -43,9 +55,11 @@ from mocksandbox.control.state import (
     ServerError,
 )
 from mocksandbox.faults import FaultAction, FaultDecision, FaultError, FaultRule, FaultSpec
-from mocksandbox.journal import JournalEntry
+from mocksandbox.journal import BODY_LIMIT, JournalEntry
 
 _LENGTH = struct.Struct(">I")
+#: How long a channel's follower lets told messages gather before it applies them.
+FOLLOW_BATCH_S = 0.02
 _ACTION: TypeAdapter[Any] = TypeAdapter(FaultAction)
 
 
@@ -94,6 +108,41 @@ def _receive(sock: socket.socket) -> Any:
     if len(payload) < size:
         payload += _receive_exactly(sock, size - len(payload))
     return marshal.loads(payload)
+
+
+class _Channel:
+    """The server's end of a client's channel: the bytes read so far that do not yet make a whole
+    message."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.pending = bytearray()
+        self.open = True
+
+    def pump(self, apply: Callable[[Any], None]) -> bool:
+        """Read all there is without waiting and ``apply`` each whole message, in order; whether
+        the channel is still open. The caller holds the state's feed lock."""
+        while self.open:
+            try:
+                data = self.sock.recv(_FIRST_READ)
+            except BlockingIOError:
+                break
+            except OSError:
+                data = b""
+            if not data:
+                self.open = False
+                break
+            self.pending += data
+        pending, start = self.pending, 0
+        while len(pending) - start >= _LENGTH.size:
+            (size,) = _LENGTH.unpack_from(pending, start)
+            end = start + _LENGTH.size + size
+            if len(pending) < end:
+                break
+            apply(marshal.loads(pending[start + _LENGTH.size : end]))
+            start = end
+        del pending[:start]
+        return self.open
 
 
 # -- values as they cross ----------------------------------------------------------------------------
@@ -165,11 +214,16 @@ class ControlStateServer:
             "take_errors": lambda: [_error_to_wire(error) for error in state.take_errors()],
             "reset": self._reset,
             "ping": lambda: "pong",
+            # What a new client needs: where the shared counters are (None: every call goes here).
+            "hello": lambda: state.counters.path if isinstance(state, PooledControlState) else None,
         }
         # The console's live view (plain values already) and one entry's detail.
         self._operations["live_view"] = state.live_view
         self._operations["entry"] = lambda entry_id: _entry_to_wire(state.entry(entry_id))
         self._operations["next_replay"] = state.next_replay  # which recording answers (replay)
+        self._channels: list[_Channel] = []
+        if isinstance(state, PooledControlState):
+            state.drain = self.drain
         self._thread = threading.Thread(target=self._accept_loop, name="mocksandbox-control", daemon=True)
         self._thread.start()
 
@@ -213,6 +267,9 @@ class ControlStateServer:
                     operation, arguments = _receive(connection)
                 except (EOFError, OSError, ValueError):
                     return
+                if operation == "channel" and isinstance(self.state, PooledControlState):
+                    self._follow(connection, self.state)
+                    return
                 try:
                     answer: tuple[Any, ...] = (True, self._operations[operation](*arguments))
                 except FaultError as exc:
@@ -229,6 +286,52 @@ class ControlStateServer:
             with self._lock:
                 self._connections.discard(connection)
             connection.close()
+
+    # -- channels: what clients tell, one way -----------------------------------------------------
+
+    def _follow(self, connection: socket.socket, state: PooledControlState) -> None:
+        """Make ``connection`` a channel and apply what comes on it as it comes, until the client
+        closes it. Registered before the client hears so: every drain after that reads it."""
+        channel = _Channel(connection)
+        connection.setblocking(False)  # a drain reads it too, and must never wait on it
+        poller = select.poll()
+        poller.register(connection, select.POLLIN)
+        with self._lock:
+            self._channels.append(channel)
+        try:
+            try:
+                _send(connection, (True, None))  # a few bytes into an empty buffer: never blocks
+            except OSError:
+                return
+            while True:
+                try:
+                    poller.poll()
+                except OSError:
+                    return  # closed under us (the server is stopping)
+                if state.fast_path_open:
+                    # Let a batch gather: one wake-up per batch, not per request, and nothing
+                    # waits on it (reads drain first; with the fast path closed, queued requests
+                    # wait for leaves told here, so then every message is applied at once).
+                    time.sleep(FOLLOW_BATCH_S)
+                with state.feed_lock:
+                    if not channel.pump(state.told):
+                        return
+        finally:
+            with self._lock:
+                if channel in self._channels:
+                    self._channels.remove(channel)
+
+    def drain(self) -> None:
+        """Apply everything clients have told and this server has not read yet. A client tells
+        before it answers its own client, so after this every answered request is in the state."""
+        state = self.state
+        if not isinstance(state, PooledControlState):
+            return
+        with self._lock:
+            channels = list(self._channels)
+        with state.feed_lock:
+            for channel in channels:
+                channel.pump(state.told)
 
     def close(self) -> None:
         """Stop serving; clients' next calls raise :class:`ControlStateUnavailable`."""
@@ -268,7 +371,28 @@ class RemoteControlState:
         self._idle: list[socket.socket] = []
         self._lock = threading.Lock()
         self._closed = False
-        self._call("ping")  # fail at start-up, not at the first request
+        # Fails at start-up, not at the first request, if the server is not there.
+        counters_path = self._call("hello")
+        #: The shared counters and the channel, when the server holds a pooled state (fast path).
+        self._counters: SharedCounters | None = None
+        self._channel: socket.socket | None = None
+        self._channel_lock = threading.Lock()
+        if counters_path is not None:
+            self._counters = SharedCounters.open(counters_path)
+            self._channel = self._take()
+            _send(self._channel, ("channel", ()))
+            _receive(self._channel)  # registered: from now on every read there sees what we tell
+
+    def _tell(self, message: tuple[Any, ...]) -> None:
+        """Send ``message`` on the channel, one way: it is in the server's socket buffer when this
+        returns, which is all a read there needs (it drains the channels first)."""
+        assert self._channel is not None
+        payload = marshal.dumps(message)
+        try:
+            with self._channel_lock:
+                self._channel.sendall(_LENGTH.pack(len(payload)) + payload)
+        except OSError as exc:
+            raise ControlStateUnavailable(f"the control state at {self.path} went away: {exc}") from None
 
     def _take(self) -> socket.socket:
         with self._lock:
@@ -308,6 +432,25 @@ class RemoteControlState:
         raise RemoteServerError(f"in the control state server: {message}")
 
     def admit(self, request: IncomingRequest) -> Admission:
+        fast = self._counters.admit() if self._counters is not None else None
+        if fast is not None:
+            change = None if fast.change is None else tuple(fast.change)
+            self._tell(
+                (
+                    "begin",
+                    fast.epoch,
+                    fast.entry_id,
+                    request.method,
+                    request.path,
+                    request.query,
+                    request.body[: BODY_LIMIT + 1],  # the journal keeps no more, and sees it was cut
+                    request.client,
+                    request.worker,
+                    fast.at,
+                    change,
+                )
+            )
+            return Admission(fast.entry_id, fast.admitted, fast.retry_after_s)
         entry_id, admitted, retry_after_s, delay, action, rule_ids = self._call(
             "admit", request.method, request.path, request.query, request.body, request.client, request.worker
         )
@@ -324,10 +467,18 @@ class RemoteControlState:
         outcome: str = "answered",
         leave: bool = True,
     ) -> None:
-        self._call("finish", entry_id, status, response, outcome, leave)
+        if self._counters is None:
+            self._call("finish", entry_id, status, response, outcome, leave)
+            return
+        change = tuple(self._counters.leave()) if leave else None
+        kept = None if response is None else response[: BODY_LIMIT + 1]
+        self._tell(("finish", None, entry_id, status, kept, outcome, time.monotonic(), change))
 
-    def leave(self) -> None:
-        self._call("leave")
+    def leave(self, entry_id: int | None = None) -> None:
+        if self._counters is None:
+            self._call("leave")
+            return
+        self._tell(("leave", None, tuple(self._counters.leave())))
 
     def add_faults(self, specs: list[FaultSpec]) -> list[FaultRule]:
         wire = [spec.model_dump(mode="json") for spec in specs]
@@ -374,6 +525,11 @@ class RemoteControlState:
             sockets, self._idle = self._idle, []
         for sock in sockets:
             sock.close()
+        with self._channel_lock:
+            if self._channel is not None:
+                self._channel.close()
+        if self._counters is not None:
+            self._counters.close()
 
     def live_view(self, after: int, pending: list[int], since: float, limit: int = 200) -> dict[str, Any]:
         view: dict[str, Any] = self._call("live_view", after, list(pending), since, limit)

@@ -104,8 +104,9 @@ class ControlState(Protocol):
         """Record the answer; with ``leave``, the request also leaves the in-flight count."""
         ...
 
-    def leave(self) -> None:
-        """An admitted request leaves the in-flight count (after ``finish(leave=False)``)."""
+    def leave(self, entry_id: int | None = None) -> None:
+        """The admitted request ``entry_id`` leaves the in-flight count (after
+        ``finish(leave=False)``, or when it failed before its answer)."""
         ...
 
     # -- faults ---------------------------------------------------------------------------------
@@ -225,7 +226,7 @@ class LocalControlState:
         if leave:
             self.in_flight.leave()
 
-    def leave(self) -> None:
+    def leave(self, entry_id: int | None = None) -> None:
         self.in_flight.leave()
 
     def add_faults(self, specs: list[FaultSpec]) -> list[FaultRule]:

@@ -131,7 +131,7 @@ class MockLayer:
             control.finish(entry_id, None, None, outcome="dropped")
             raise
         except BaseException:
-            control.leave()
+            control.leave(entry_id)
             raise
         if chunks is None:
             control.finish(entry_id, answer.status, answer.body)

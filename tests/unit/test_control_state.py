@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from mocksandbox.control.pooled import PooledControlState
 from mocksandbox.control.shared import ControlStateServer, ControlStateUnavailable, RemoteControlState
 from mocksandbox.control.state import (
     CapacityPolicy,
@@ -186,10 +187,11 @@ state.close()
 """
 
 
-def test_two_worker_processes_share_one_exact_state() -> None:
+@pytest.mark.parametrize("holder", [LocalControlState, PooledControlState])
+def test_two_worker_processes_share_one_exact_state(holder: type[LocalControlState]) -> None:
     """What two real processes see at once: one journal in arrival order, a cap never exceeded, and
     fault schedules counted across both."""
-    local = LocalControlState(capacity=CapacityPolicy(max_in_flight=4))
+    local = holder(capacity=CapacityPolicy(max_in_flight=4))
     local.add_faults(
         [
             _spec(name="first-five", action={"type": "status", "status": 503}, schedule={"first": 5}),
@@ -207,6 +209,7 @@ def test_two_worker_processes_share_one_exact_state() -> None:
         stats = local.stats()
     finally:
         server.close()
+        local.close()
     assert [e.id for e in entries] == list(range(1, 401))
     assert stats["requests_total"] == 400 and stats["in_flight"] == 0
     assert stats["max_in_flight"] <= 4
@@ -219,3 +222,100 @@ def test_two_worker_processes_share_one_exact_state() -> None:
     # every-seventh sees the admitted requests that first-five did not answer.
     assert rules["every-seventh"].matched == admitted - 5
     assert rules["every-seventh"].fired == (admitted - 5) // 7 == by_status.get("504", 0)
+
+
+def test_two_worker_processes_on_the_fast_path_keep_the_state_exact() -> None:
+    """No fault rule and a rejecting cap: the workers admit by themselves through the shared
+    counters and tell the master one way. Ids still run 1..400 in arrival order, the cap is never
+    exceeded, each 429 is counted once, and the timeline never shows more than the cap."""
+    local = PooledControlState(capacity=CapacityPolicy(max_in_flight=4))
+    server = ControlStateServer(local)
+    try:
+        workers = [
+            subprocess.Popen([sys.executable, "-c", _WORKER, server.path, f"worker-{n}"]) for n in (1, 2)
+        ]
+        for worker in workers:
+            assert worker.wait(timeout=120) == 0
+        entries = local.entries()
+        stats = local.stats()
+        timeline = local.timeline()
+    finally:
+        server.close()
+        local.close()
+    assert [e.id for e in entries] == list(range(1, 401))
+    assert {e.worker for e in entries} == {"worker-1", "worker-2"}
+    assert all(e.status is not None for e in entries)  # every answer arrived, none lost
+    assert stats["requests_total"] == 400 and stats["in_flight"] == 0
+    assert 1 <= stats["max_in_flight"] <= 4
+    rejected = [e for e in entries if e.outcome == "rejected"]
+    assert len(rejected) == stats["rejected_by_cap"] == stats["by_status"].get("429", 0)
+    assert stats["by_status"].get("200", 0) == 400 - len(rejected)
+    counts = [count for _, count in timeline]
+    assert len(counts) == 2 * (400 - len(rejected)) and max(counts) == stats["max_in_flight"]
+    assert counts[-1] == 0 and [t for t, _ in timeline] == sorted(t for t, _ in timeline)
+
+
+def test_what_a_worker_told_before_a_reset_stays_out_of_the_new_journal() -> None:
+    local = PooledControlState()
+    server = ControlStateServer(local)
+    client = RemoteControlState(server.path)
+    try:
+        old = client.admit(_request(1))
+        local.reset([], CapacityPolicy())
+        new = client.admit(_request(2))
+        client.finish(new.entry_id, 200, b"{}")
+        client.finish(old.entry_id, 200, b"{}")  # the old request ends after the reset
+        assert [e.id for e in local.entries()] == [new.entry_id] == [1]
+        assert local.entries()[0].status == 200
+        assert local.stats()["in_flight"] == 0  # as with one process: a reset zeroes it, never below
+    finally:
+        client.close()
+        server.close()
+        local.close()
+
+
+def test_a_rule_closes_the_fast_path_and_removing_it_opens_it_again() -> None:
+    local = PooledControlState()
+    server = ControlStateServer(local)
+    client = RemoteControlState(server.path)
+    try:
+        assert local.counters.snapshot().fast
+        (rule,) = client.add_faults([_spec(name="once", action={"type": "status", "status": 503})])
+        assert not local.counters.snapshot().fast
+        admission = client.admit(_request(1))
+        assert isinstance(admission.decision.action, StatusAction)  # decided by the master
+        client.finish(admission.entry_id, 503, b"{}")
+        assert client.remove_fault(rule.id)
+        assert local.counters.snapshot().fast
+        client.set_capacity(CapacityPolicy(max_in_flight=1, overload="queue"))
+        assert not local.counters.snapshot().fast  # queueing needs the master
+        client.set_capacity(CapacityPolicy(max_in_flight=1, overload="reject"))
+        assert local.counters.snapshot().fast
+        assert [e.faults for e in local.entries()] == [["once"]]
+    finally:
+        client.close()
+        server.close()
+        local.close()
+
+
+def test_a_queued_request_gets_the_slot_a_worker_leaves() -> None:
+    local = PooledControlState(capacity=CapacityPolicy(max_in_flight=1, overload="queue", queue_timeout_s=30))
+    server = ControlStateServer(local)
+    first, second = RemoteControlState(server.path), RemoteControlState(server.path)
+    try:
+        held = first.admit(_request(1))
+        assert held.admitted
+        waiting: list[bool] = []
+        thread = threading.Thread(target=lambda: waiting.append(second.admit(_request(2)).admitted))
+        thread.start()
+        time.sleep(0.2)
+        assert not waiting  # queued behind the one in flight
+        first.finish(held.entry_id, 200, b"{}")
+        thread.join(timeout=10)
+        assert waiting == [True]
+        assert local.stats()["max_in_flight"] == 1
+    finally:
+        first.close()
+        second.close()
+        server.close()
+        local.close()
