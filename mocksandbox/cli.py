@@ -38,6 +38,7 @@ def _serve(args: argparse.Namespace) -> int:
                 "allowed_hosts": args.allow_host,
                 "allow_any_host": args.allow_any_host or None,
                 "workers": args.workers,
+                "pin_workers": args.pin_workers,
                 "faults_file": args.faults,
                 "max_in_flight": args.max_in_flight,
                 "overload": args.overload,
@@ -204,6 +205,7 @@ def describe_runtime(settings: Settings) -> str:
 
 def _serve_workers(settings: Settings) -> int:
     """``serve --workers N``: the master of N worker processes (see :mod:`mocksandbox.workers`)."""
+    from mocksandbox.execution.affinity import format_cpus
     from mocksandbox.sessions import SessionError
     from mocksandbox.workers import WorkerPool, WorkerStartError
 
@@ -239,6 +241,12 @@ def _serve_workers(settings: Settings) -> int:
             + ("" if memory.runs_total is None else f"; {memory.runs_total // (1 << 20)} MiB together"),
             flush=True,
         )
+        if pool.shares is not None:
+            cores = "; ".join(
+                f"{worker.name} on {format_cpus(share)}"
+                for worker, share in zip(pool.workers, pool.shares, strict=True)
+            )
+            print(f"  cores: {cores} (user programs on all; --no-pin-workers to let them roam)", flush=True)
         print("  press Ctrl-C to stop", flush=True)
         pool.watch()
     except WorkerStartError as exc:
@@ -376,6 +384,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N|auto",
         help="server processes answering from one address over one control state (default 1; "
         "auto: one per usable core)",
+    )
+    serve.add_argument(
+        "--pin-workers",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with --workers N: keep each worker, its launcher and relays to its share of the usable "
+        "cores (default: on; user programs always get every core)",
     )
     serve.add_argument(
         "--allow-host",

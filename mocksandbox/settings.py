@@ -69,6 +69,10 @@ class Settings(BaseModel):
     #: Server processes answering from one address over one control state (``auto``: one per
     #: usable core). Each has its own launcher and confinement; see ``mocksandbox.workers``.
     workers: int | Literal["auto"] = 1
+    #: With several workers, keep each worker (its launcher and relays too) to its share of the
+    #: usable cores; user programs still get every core. Less CPU per request (no wake-ups bounced
+    #: between cores); turn it off when other busy processes share these cores.
+    pin_workers: bool = True
 
     # -- the fixture framework's extras --------------------------------------------------------
     #: Serve the control endpoints under ``/_mock/`` (faults, journal, stats, reset).

@@ -7,7 +7,7 @@ and the sessions' state dir, and starts N *workers*: ``python -m mocksandbox.wor
 inheriting the listening socket and accepting from it (the kernel hands each connection to one of
 them), each with its own app, launcher and confinement, and a
 :class:`~mocksandbox.control.shared.RemoteControlState`. The host's process budget is split between
-them.
+them, and each worker keeps to its share of the cores (:mod:`mocksandbox.execution.affinity`).
 
 Why this and not gunicorn: the server's own request handler (keep-alive with bodies read whole,
 connection resets for faults, the launcher per process) stays as it is, and a worker is a new
@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 from mocksandbox.control.handle import ControlHandle
 from mocksandbox.control.pooled import PooledControlState
 from mocksandbox.control.shared import ControlStateServer
+from mocksandbox.execution.affinity import format_cpus, keep_to, parse_cpus, usable_cpus, worker_shares
 from mocksandbox.execution.budget import (
     MemoryBudget,
     MemoryLimit,
@@ -150,6 +151,9 @@ class WorkerPool:
         # Workers see the shared state dir as configured, and bind nothing themselves.
         self.settings = settings.replace(state_dir=str(self.state_dir.path), workers=1)
         self.workers = [Worker(i + 1) for i in range(count)]
+        #: Each worker's cores, when they are kept to a share (``pin_workers``; see
+        #: :mod:`mocksandbox.execution.affinity`); ``None``: wherever the scheduler puts them.
+        self.shares = worker_shares(usable_cpus(), count) if settings.pin_workers and count > 1 else None
 
     @property
     def url(self) -> str:
@@ -180,6 +184,8 @@ class WorkerPool:
         ]
         if banner:
             command.append("--banner")
+        if self.shares is not None:
+            command += ["--cpus", format_cpus(self.shares[worker.index - 1])]
         try:
             worker.process = subprocess.Popen(
                 command, pass_fds=(self.listener.fileno(), ready_write), env=env, stdin=subprocess.DEVNULL
@@ -279,7 +285,10 @@ def _worker_main(argv: list[str]) -> int:
     parser.add_argument("--budget", required=True)
     parser.add_argument("--memory-budget", required=True)
     parser.add_argument("--banner", action="store_true")
+    parser.add_argument("--cpus", help="keep to these cores (0,2,...); user programs get all back")
     args = parser.parse_args(argv)
+    if args.cpus:  # first, before any thread starts: every thread and child inherits it
+        keep_to(parse_cpus(args.cpus))
     ready = os.fdopen(args.ready_fd, "w")
 
     def tell(message: dict[str, Any]) -> None:

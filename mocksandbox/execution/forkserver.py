@@ -56,6 +56,9 @@ try:  # for the thread stacks of memory-limited programs (see _ThreadStackDefaul
 except ImportError:  # an interpreter built without libffi
     ctypes = None
 
+#: The cores programs get back when the server keeps the launcher to a share of them (argv[2],
+#: ``0,1,3``; see ``mocksandbox/execution/affinity.py``), else ``None``: programs inherit ours.
+_PROGRAM_CPUS = None
 _STATUS_PID = b"P"
 _STATUS_EXIT = b"S"
 _STATUS_LAUNCH_ERROR = b"E"
@@ -244,6 +247,8 @@ def _start_program(request: dict, fds: list) -> None:
     itself (``execve``, or this interpreter turned into ``python <file>``); never returns."""
     status_fd = fds[3]
     try:
+        if _PROGRAM_CPUS is not None:
+            os.sched_setaffinity(0, _PROGRAM_CPUS)
         os.setsid()
         _prefer_for_oom_kill()
         # Joined here, by the program, rather than by the relay: the relay stays outside the run's
@@ -656,4 +661,6 @@ def _serve(sock: _socket.socket) -> None:
 
 if __name__ == "__main__":
     _open_missing_std_fds()
+    if len(sys.argv) > 2:
+        _PROGRAM_CPUS = {int(cpu) for cpu in sys.argv[2].split(",")}
     _serve(_socket.socket(fileno=int(sys.argv[1])))

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from mocksandbox.execution.affinity import format_cpus, program_cpus
+
 FORKSERVER_SCRIPT = Path(__file__).with_name("forkserver.py")
 #: Idle relays kept for the next runs (about the most runs in flight at once); more are let go.
 IDLE_RELAYS = 64
@@ -37,9 +39,13 @@ class Launcher:
 
     def _start(self) -> socket.socket:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        argv = [self.python, str(FORKSERVER_SCRIPT), str(theirs.fileno())]
+        cpus = program_cpus()
+        if cpus is not None:  # a worker kept to its share: the programs get every core back
+            argv.append(format_cpus(cpus))
         try:
             self._proc = subprocess.Popen(
-                [self.python, str(FORKSERVER_SCRIPT), str(theirs.fileno())],
+                argv,
                 pass_fds=[theirs.fileno()],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import psutil
 
+from mocksandbox.execution.affinity import release_to_programs
 from mocksandbox.jupyter.kernel import (
     DeadlineExceeded,
     ForkedProcess,
@@ -72,6 +73,7 @@ class SpawnLauncher:
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
+        release_to_programs(popen.pid)  # a kernel runs user code: every core, as without workers
         return SpawnedProcess(popen)
 
     def close(self) -> None:
@@ -136,6 +138,7 @@ class ForkServerLauncher:
             stderr=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C at a terminal reaches the server, which closes it in order
         )
+        release_to_programs(zygote.pid)  # before it forks a kernel: they run user code, on every core
         channel = _LineChannel(zygote.stdin, zygote.stdout)
         try:
             hello = channel.receive(time.monotonic() + self.startup_timeout)

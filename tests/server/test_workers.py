@@ -9,6 +9,7 @@ from any worker; and a killed worker is replaced while the other keeps answering
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -123,6 +124,35 @@ def test_reset_is_for_all_workers(served: Served) -> None:
         statuses = list(pool.map(lambda _: served.run("print(1)").status_code, range(16)))
     assert statuses == [200] * 16
     assert served.get("/_mock/stats").json()["requests_total"] == 16
+
+
+def test_over_cap_requests_queue_across_workers(served: Served) -> None:
+    """``overload: queue`` closes the workers' fast path: every admission waits in the master for
+    a slot that a request on either worker leaves."""
+    body = {"max_in_flight": 2, "overload": "queue", "queue_timeout_s": 60}
+    assert requests.put(served.url + "/_mock/capacity", json=body, proxies=NO_PROXY).ok
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        statuses = list(pool.map(lambda _: served.run("import time; time.sleep(0.3)").status_code, range(8)))
+    assert statuses == [200] * 8
+    stats = served.get("/_mock/stats").json()
+    assert stats["max_in_flight"] == 2 and stats["in_flight"] == 0 and stats["rejected_by_cap"] == 0
+    assert {e["worker"] for e in served.get("/_mock/journal").json()["entries"]} == {"worker-1", "worker-2"}
+
+
+def test_workers_keep_to_their_cores_and_user_code_gets_them_all(served: Served) -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("one usable core: nothing to share")
+    shares = [sorted(worker.cpu_affinity()) for worker in served.workers()]
+    assert sorted(cpu for share in shares for cpu in share) == cpus, shares  # disjoint, all covered
+    assert all(len(share) < len(cpus) for share in shares)
+    assert "cores: worker-1 on " in served.banner
+    probe = "import os; print(sorted(os.sched_getaffinity(0)))"
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # both workers' launchers
+        answers = list(pool.map(lambda _: served.run(probe).json(), range(8)))
+    assert {a["run_result"]["stdout"] for a in answers} == {f"{cpus}\n"}
+    cell = served.post("/run_jupyter", {"cells": [probe]}).json()
+    assert cell["cells"][0]["stdout"] == f"{cpus}\n", cell
 
 
 def test_swedev_sessions_from_any_worker(served: Served) -> None:
