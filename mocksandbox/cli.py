@@ -255,6 +255,10 @@ def _serve_workers(settings: Settings) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        # A second Ctrl-C (or a signal sent to the whole group as well as to us) must not break
+        # the stop off half-way with a traceback: it is bounded (workers are killed after 30 s).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         print("\nmocksandbox: stopping", flush=True)
         pool.stop()
     return 0
