@@ -46,15 +46,15 @@ class SharedInFlight(InFlight):
 
     def enter(self, cap: int | None = None, wait: float | None = 0.0) -> bool:
         deadline = None if wait is None else time.monotonic() + wait
-        while True:
-            change = self.counters.enter(cap)
-            if change is not None:
-                self.record(change)
-                return True
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                return False
-            with self._cond:
+        with self._cond:  # looked at and waited on under it: a leave told meanwhile wakes us
+            while True:
+                change = self.counters.enter(cap)
+                if change is not None:
+                    self.record(change)
+                    return True
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
                 self._cond.wait(_QUEUE_POLL_S if remaining is None else min(remaining, _QUEUE_POLL_S))
 
     def leave(self) -> None:
