@@ -37,7 +37,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -95,6 +95,35 @@ class Level:
     server_cpu_ms: float | None = None
     launcher_cpu_ms: float | None = None
     programs_cpu_ms: float | None = None
+    #: With ``--rounds N``: each round's req/s, in round order (the figures above are medians).
+    rounds_rps: list[float] = field(default_factory=list)
+
+
+def median_level(rounds: list[Level]) -> Level:
+    """One level measured in several rounds: the median of each figure, and every round's req/s."""
+
+    def median(name: str) -> Any:
+        values = [getattr(lv, name) for lv in rounds if getattr(lv, name) is not None]
+        values = [v for v in values if not (isinstance(v, float) and math.isnan(v))]
+        return statistics.median(values) if values else (None if name.endswith("cpu_ms") else math.nan)
+
+    first = rounds[0]
+    return Level(
+        concurrency=first.concurrency,
+        requests=sum(lv.requests for lv in rounds),
+        ok=sum(lv.ok for lv in rounds),
+        errors=sum(lv.errors for lv in rounds),
+        wall_s=sum(lv.wall_s for lv in rounds),
+        rps=median("rps"),
+        p50_ms=median("p50_ms"),
+        p95_ms=median("p95_ms"),
+        mean_ms=median("mean_ms"),
+        first_error=next((lv.first_error for lv in rounds if lv.first_error), None),
+        server_cpu_ms=median("server_cpu_ms"),
+        launcher_cpu_ms=median("launcher_cpu_ms"),
+        programs_cpu_ms=median("programs_cpu_ms"),
+        rounds_rps=[lv.rps for lv in rounds],
+    )
 
 
 @dataclass
@@ -412,21 +441,33 @@ def _ratio(a: float, b: float) -> float:
 
 
 def _ratio_rows(first: Target, other: Target, levels: list[int]) -> list[dict[str, Any]]:
-    """``first``'s throughput and p50 over ``other``'s, per concurrency level."""
-    return [
-        {
+    """``first``'s throughput and p50 over ``other``'s, per concurrency level. Measured in several
+    rounds, the throughput ratio is the median of the rounds' ratios (each round measures both, one
+    after the other: a machine that is slower for a while weighs on both sides of a ratio)."""
+    rows = []
+    for c in levels:
+        mine, theirs = first.level(c), other.level(c)
+        row = {
             "concurrency": c,
-            "rps_ratio": _ratio(first.level(c).rps, other.level(c).rps),
-            "p50_ratio": _ratio(first.level(c).p50_ms, other.level(c).p50_ms),
+            "rps_ratio": _ratio(mine.rps, theirs.rps),
+            "p50_ratio": _ratio(mine.p50_ms, theirs.p50_ms),
         }
-        for c in levels
-    ]
+        if len(mine.rounds_rps) > 1 and len(mine.rounds_rps) == len(theirs.rounds_rps):
+            per_round = [_ratio(a, b) for a, b in zip(mine.rounds_rps, theirs.rounds_rps, strict=True)]
+            row["rps_ratio"] = statistics.median(per_round)
+            row["rps_ratio_rounds"] = per_round
+        rows.append(row)
+    return rows
 
 
 def print_report(
     targets: list[Target], spawn: dict[str, Any], ratios: dict[str, Any], info: dict[str, Any]
 ) -> None:
-    print(f"\nPOST /run_code, workload {info['workload']!r}  ({info['requests']} requests per level)")
+    rounds = info.get("rounds", 1)
+    per = f"{info['requests']} requests per level" + (
+        f", {rounds} rounds: medians, ratios per round" if rounds > 1 else ""
+    )
+    print(f"\nPOST /run_code, workload {info['workload']!r}  ({per})")
     for key in ("user_python", "host", "load_1min"):
         if info.get(key):
             print(f"  {key.replace('_', ' ')}: {info[key]}")
@@ -477,7 +518,9 @@ def print_report(
         print(f"\n{title}   (req/s ratio > 1: first faster;  p50 ratio < 1: first faster)")
         print(f"{'conc':>4} {'req/s ratio':>12} {'p50 ratio':>10}")
         for row in rows:
-            print(f"{row['concurrency']:>4} {row['rps_ratio']:>12.2f} {row['p50_ratio']:>10.2f}")
+            rounds = row.get("rps_ratio_rounds")
+            shown = "" if not rounds else "   rounds: " + " ".join(f"{r:.2f}" for r in rounds)
+            print(f"{row['concurrency']:>4} {row['rps_ratio']:>12.2f} {row['p50_ratio']:>10.2f}{shown}")
     for target in targets:
         for lv in target.levels:
             if lv.first_error:
@@ -498,6 +541,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--workers",
         default="1",
         help="comma-separated worker counts: each exec mode is served with each (default 1), e.g. 1,2",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure every target this many times, in turn (the order reversed every other round), "
+        "and report medians: on a machine whose speed drifts, a ratio of two targets measured "
+        "minutes apart says little (default 1)",
     )
     parser.add_argument("--spawn-runs", type=int, help="bare spawns to time (default: --requests)")
     parser.add_argument(
@@ -528,6 +579,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--concurrency and --workers take integers, e.g. 1,4,16 and 1,2")
     if not args.worker_counts or min(args.worker_counts) < 1:
         parser.error("--workers must be positive")
+    if args.rounds < 1:
+        parser.error("--rounds must be positive")
     if not args.levels or min(args.levels) < 1 or args.requests < 1:
         parser.error("--concurrency and --requests must be positive")
     return args
@@ -540,33 +593,55 @@ def main(argv: list[str] | None = None) -> int:
     from mocksandbox.settings import load_settings
 
     python = args.python or load_settings().python
-    targets: list[Target] = []
+    rounds: list[list[Target]] = []
 
-    def measure(name: str, url: str, meter: CpuMeter | None = None) -> None:
-        targets.append(
-            measure_target(
-                name, url, args.levels, args.requests, args.warmup, args.timeout, workload, args.client, meter
-            )
+    def measure(name: str, url: str, meter: CpuMeter | None = None) -> Target:
+        return measure_target(
+            name, url, args.levels, args.requests, args.warmup, args.timeout, workload, args.client, meter
         )
 
+    def served(mode: str, workers: int) -> Callable[[], Target]:
+        def run() -> Target:
+            # One served mock at a time: the others would share the cores while idle.
+            with served_mock(mode, workers) as (url, meter):
+                name = f"mock-{mode}" + (f"-w{workers}" if len(args.worker_counts) > 1 else "")
+                return measure(name, url, meter)
+
+        return run
+
     with contextlib.ExitStack() as stack:
+        plan: list[Callable[[], Target]] = []
         if args.url:
-            measure("mock", args.url)
+            plan.append(lambda: measure("mock", args.url))
         else:
             for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
                 if mode == "in-process":
                     url, python, _ = stack.enter_context(in_process_mock())
-                    measure(f"mock-{mode}", url)
+                    plan.append(lambda url=url, mode=mode: measure(f"mock-{mode}", url))
                     continue
-                for workers in args.worker_counts:
-                    # One served mock at a time: the others would share the cores while idle.
-                    with served_mock(mode, workers) as (url, meter):
-                        name = f"mock-{mode}" + (f"-w{workers}" if len(args.worker_counts) > 1 else "")
-                        measure(name, url, meter)
+                plan += [served(mode, workers) for workers in args.worker_counts]
         if args.reference_url:
-            measure("reference", args.reference_url)
+            plan.append(lambda: measure("reference", args.reference_url))
+        for number in range(args.rounds):
+            order = list(range(len(plan)))
+            if number % 2:
+                order.reverse()  # whatever drifts over a round weighs on each target alike
+            measured = {index: plan[index]() for index in order}
+            rounds.append([measured[index] for index in range(len(plan))])
+            if args.rounds > 1:
+                print(f"round {number + 1} of {args.rounds} done", file=sys.stderr, flush=True)
         spawn = measure_spawn(python, args.spawn_runs or args.requests)
 
+    targets = [
+        Target(
+            first.name,
+            first.url,
+            [median_level([r[index].level(c) for r in rounds]) for c in args.levels]
+            if args.rounds > 1
+            else first.levels,
+        )
+        for index, first in enumerate(rounds[0])
+    ]
     mock = targets[0]
     lowest = min(args.levels)  # 1 unless --concurrency leaves it out
     ratios: dict[str, Any] = {
@@ -584,6 +659,7 @@ def main(argv: list[str] | None = None) -> int:
         ratios["mock_over_reference"] = {m.name: _ratio_rows(m, reference, args.levels) for m in mocks}
     info = {
         "requests": args.requests,
+        "rounds": args.rounds,
         "workload": args.workload,
         "client": args.client,
         "user_python": python,
