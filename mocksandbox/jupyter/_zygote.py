@@ -8,8 +8,9 @@ imports, so no state can pass from one kernel to the next.
 
 Protocol, one JSON object per line: after the imports it writes ``{"ready": true, "pid": N}`` (or
 ``{"error": "..."}`` and exits); then for each ``{"argv": [...], "cwd": "..."}`` read it forks and
-writes ``{"pid": N}`` (or ``{"error": "..."}``). It exits when its input closes; kernels poll their
-parent (``JPY_PARENT_PID``) and exit too when it is gone.
+writes ``{"pid": N}`` (or ``{"error": "..."}``). It exits when its input closes (the server stopped,
+or died), and kills first the process group of every kernel it forked; a kernel also polls this
+process and exits when it is gone (killed itself, it can kill nothing).
 
 Usage: ``python _zygote.py MARKER`` (the marker, e.g. the pool's runtime directory, only names
 this process and its kernels in ``ps``).
@@ -51,7 +52,9 @@ def _run_kernel(
         sys.argv = [launcher_path, *request["argv"]]
         from ipykernel.kernelapp import IPKernelApp
 
-        IPKernelApp.launch_instance(argv=request["argv"])
+        # Its parent poller: the default comes from JPY_PARENT_PID as it was when the zygote
+        # imported ipykernel, before any kernel's, so it is set here or there is no poller at all.
+        IPKernelApp.launch_instance(argv=request["argv"], parent_handle=os.getppid())
         code = 0
     except BaseException:
         traceback.print_exc()
@@ -93,6 +96,35 @@ def main() -> int:
         return 1
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # kernels are reaped as soon as they exit
     _reply(protocol_out, {"ready": True, "pid": os.getpid()})
+    kernels: list[int] = []
+    try:
+        _serve(protocol_in, protocol_out, launcher_path, kernels)
+    finally:
+        # The server closed our input: stopped, or killed without closing its kernels. A kernel
+        # killed already is gone; one still running goes with everything its code started.
+        for pid in kernels:
+            if _still_ours(pid):
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+    return 0
+
+
+def _still_ours(pid: int) -> bool:
+    """Whether group ``pid`` is still one of our kernels' (kernels are reaped unseen here). A pid is
+    not given to a new process while a group of that id lives; so if a process ``pid`` exists with
+    another parent, the kernel and its whole group are gone and the number was reused."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return True  # the kernel is gone; its group may live on (user code's children)
+    return int(fields[1]) == os.getpid()
+
+
+def _serve(protocol_in: IO[str], protocol_out: IO[str], launcher_path: str, kernels: list[int]) -> None:
+    """Fork a kernel for each request read, until the input closes; their pids go in ``kernels``."""
     for line in protocol_in:
         if not line.strip():
             continue
@@ -104,8 +136,8 @@ def main() -> int:
             continue
         if pid == 0:
             _run_kernel(request, protocol_in, protocol_out, launcher_path)
+        kernels.append(pid)
         _reply(protocol_out, {"pid": pid})
-    return 0
 
 
 if __name__ == "__main__":

@@ -155,6 +155,27 @@ def test_workers_keep_to_their_cores_and_user_code_gets_them_all(served: Served)
     assert cell["cells"][0]["stdout"] == f"{cpus}\n", cell
 
 
+def test_a_killed_worker_takes_its_jupyter_kernels_with_it(served: Served) -> None:
+    """A worker that dies without closing anything (SIGKILL) leaves no kernel behind: its kernel
+    fork server sees its input close and kills every kernel's process group."""
+    assert served.post("/run_jupyter", {"cells": ["6 * 7"]}).ok
+    holder, helpers = None, []
+    for worker in served.workers():
+        helpers = [p for p in worker.children(recursive=True) if "_zygote.py" in " ".join(p.cmdline())]
+        if helpers:
+            holder = worker
+            break
+    assert holder is not None, "no worker holds a kernel fork server"
+    deadline = time.monotonic() + 30
+    while len(helpers) < 2 and time.monotonic() < deadline:  # the fork server and a warm kernel
+        time.sleep(0.1)
+        helpers = [p for p in holder.children(recursive=True) if "_zygote.py" in " ".join(p.cmdline())]
+    assert len(helpers) >= 2, helpers
+    holder.kill()
+    _, alive = psutil.wait_procs(helpers, timeout=30)
+    assert alive == [], [p.pid for p in alive]
+
+
 def test_swedev_sessions_from_any_worker(served: Served) -> None:
     """Several sessions at once, each action on a new connection (so either worker may serve it)."""
     instance = next(i for i in InstanceRegistry.from_paths([]).all() if i.instance_id == "acme__pagekit-17")
