@@ -360,12 +360,16 @@ def _cpuacct_group() -> str | None:
 
 
 @contextlib.contextmanager
-def served_mock(exec_mode: str, workers: int = 1) -> Iterator[tuple[str, CpuMeter]]:
-    """``mocksandbox serve --exec-mode MODE --workers N`` as its own process on 127.0.0.1 (free
-    port), in a cpuacct cgroup of its own where possible: its URL and its CPU meter."""
+def served_mock(
+    exec_mode: str, workers: int = 1, python: str | None = None
+) -> Iterator[tuple[str, CpuMeter]]:
+    """``mocksandbox serve --exec-mode MODE --workers N [--python P]`` as its own process on
+    127.0.0.1 (free port), in a cpuacct cgroup of its own where possible: its URL and CPU meter."""
     group = _cpuacct_group()
     command = [sys.executable, "-m", "mocksandbox.cli", "serve", "--port", "0", "--exec-mode", exec_mode]
     command += ["--workers", str(workers)]
+    if python:
+        command += ["--python", python]
     if group is not None:  # the shell joins the group, then becomes the server: all it starts counts
         command = ["/bin/sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$@"', "sh", *command]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -552,7 +556,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--spawn-runs", type=int, help="bare spawns to time (default: --requests)")
     parser.add_argument(
-        "--python", help="interpreter for the bare spawn (default: the one the mock runs user code with)"
+        "--python",
+        help="interpreter of the served mocks' user code and of the bare spawn (default: the mock's "
+        "configured one): give the reference's, so that both run the same",
     )
     parser.add_argument("--warmup", type=int, default=5, help="untimed requests per target first (5)")
     parser.add_argument("--timeout", type=float, default=60.0, help="client timeout per request, s (60)")
@@ -603,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
     def served(mode: str, workers: int) -> Callable[[], Target]:
         def run() -> Target:
             # One served mock at a time: the others would share the cores while idle.
-            with served_mock(mode, workers) as (url, meter):
+            with served_mock(mode, workers, args.python) as (url, meter):
                 name = f"mock-{mode}" + (f"-w{workers}" if len(args.worker_counts) > 1 else "")
                 return measure(name, url, meter)
 
