@@ -29,6 +29,10 @@ LISTEN_BACKLOG = 1024
 KEEP_ALIVE_BODY_LIMIT = 64 * 1024 * 1024
 
 
+#: Up to how many bytes the first chunk of an answer is sent together with its head.
+_JOINED_WRITE_LIMIT = 64 * 1024
+
+
 class _RequestHandler(WSGIRequestHandler):
     """werkzeug's handler with HTTP/1.1 keep-alive, logging request lines only when asked to, and
     able to drop a connection.
@@ -109,7 +113,16 @@ class _RequestHandler(WSGIRequestHandler):
                 if not any(key.lower() == "content-length" for key, _ in headers):
                     self.close_connection = True
                     self.send_header("Connection", "close")
-                self.end_headers()
+                if len(data) <= _JOINED_WRITE_LIMIT:
+                    # The head and a small first chunk (most answers whole) in one send: one
+                    # system call, one segment. (http.server keeps the head in _headers_buffer
+                    # until end_headers flushes it.)
+                    head: list[bytes] = self.__dict__["_headers_buffer"]
+                    head.append(b"\r\n")
+                    data = b"".join(head) + data
+                    head.clear()
+                else:
+                    self.end_headers()  # a large body is not copied to go with it
             if data:
                 self.wfile.write(data)
                 self.wfile.flush()
