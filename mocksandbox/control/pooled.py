@@ -112,8 +112,6 @@ class PooledControlState(LocalControlState):
         self.drain: Callable[[], None] = lambda: None
         #: Held while a told message is applied and during a reset (a reset must not interleave).
         self.feed_lock = threading.RLock()
-        #: Whether workers admit by themselves now (no fault rule, and the cap does not queue).
-        self.fast_path_open = False
         self._open_fast_path()
 
     # -- what workers tell, one way -------------------------------------------------------------
@@ -125,17 +123,17 @@ class PooledControlState(LocalControlState):
         if epoch is not None and epoch != self.epoch:
             return  # a request admitted before the last reset, which forgot it
         if kind == "begin":
-            _, _, entry_id, method, path, query, body, client, worker, at, change = message
+            _, _, at, entry_id, method, path, query, body, client, worker, change = message
             self.journal.begin(method, path, query, body, client, worker, entry_id=entry_id, at=at)
             if change is not None:
                 self.shared_in_flight.record(InFlightChange(*change))
         elif kind == "finish":
-            _, _, entry_id, status, response, outcome, at, change = message
+            _, _, at, entry_id, status, response, outcome, change = message
             self.journal.finish_id(entry_id, status, response, outcome, at)
             if change is not None:
                 self.shared_in_flight.record(InFlightChange(*change))
         elif kind == "leave":
-            self.shared_in_flight.record(InFlightChange(*message[2]))
+            self.shared_in_flight.record(InFlightChange(*message[3]))
 
     # -- the slow path: admissions that need the master ------------------------------------------
 
@@ -165,10 +163,13 @@ class PooledControlState(LocalControlState):
         policy = self._capacity
         fast = not self.faults.rules() and policy.wait_seconds() == 0.0
         self.counters.configure(fast, policy.max_in_flight, policy.retry_after_s)
-        self.fast_path_open = fast
+
+    @property
+    def queueing(self) -> bool:
+        """Whether over-cap requests wait in this process for a slot (``overload: queue``)."""
+        return self._capacity.max_in_flight is not None and self._capacity.wait_seconds() != 0.0
 
     def _close_fast_path(self, policy: CapacityPolicy) -> None:
-        self.fast_path_open = False
         self.counters.configure(False, policy.max_in_flight, policy.retry_after_s)
 
     def add_faults(self, specs: list[FaultSpec]) -> list[FaultRule]:

@@ -58,8 +58,11 @@ from mocksandbox.faults import FaultAction, FaultDecision, FaultError, FaultRule
 from mocksandbox.journal import BODY_LIMIT, JournalEntry
 
 _LENGTH = struct.Struct(">I")
-#: How long a channel's follower lets told messages gather before it applies them.
-FOLLOW_BATCH_S = 0.02
+#: How long a channel's follower lets told messages gather before it applies them: one wake-up
+#: for several requests, and short enough that a burst of large bodies does not fill the buffer.
+FOLLOW_BATCH_S = 0.005
+#: The send buffer a client asks for on its channel.
+_CHANNEL_BUFFER = 4 << 20
 _ACTION: TypeAdapter[Any] = TypeAdapter(FaultAction)
 
 
@@ -108,6 +111,12 @@ def _receive(sock: socket.socket) -> Any:
     if len(payload) < size:
         payload += _receive_exactly(sock, size - len(payload))
     return marshal.loads(payload)
+
+
+def _told_at(message: tuple[Any, ...]) -> float:
+    """When what ``message`` tells happened: every message carries its clock reading third."""
+    at: float = message[2]
+    return at
 
 
 class _Channel:
@@ -308,14 +317,14 @@ class ControlStateServer:
                     poller.poll()
                 except OSError:
                     return  # closed under us (the server is stopping)
-                if state.fast_path_open:
+                if not state.queueing:
                     # Let a batch gather: one wake-up per batch, not per request, and nothing
-                    # waits on it (reads drain first; with the fast path closed, queued requests
-                    # wait for leaves told here, so then every message is applied at once).
+                    # waits on it (reads drain first). Requests queued for a slot wait for the
+                    # leaves told here: then every message is applied at once.
                     time.sleep(FOLLOW_BATCH_S)
-                with state.feed_lock:
-                    if not channel.pump(state.told):
-                        return
+                self.drain()
+                if not channel.open:
+                    return
         finally:
             with self._lock:
                 if channel in self._channels:
@@ -323,15 +332,24 @@ class ControlStateServer:
 
     def drain(self) -> None:
         """Apply everything clients have told and this server has not read yet. A client tells
-        before it answers its own client, so after this every answered request is in the state."""
+        before it answers its own client, so after this every answered request is in the state.
+
+        What every channel holds is applied together, in the order it happened (each message is
+        stamped with a clock reading, taken inside the counters' lock where order matters): the
+        journal and the timeline then grow at their ends instead of taking each client's batch
+        between the other's entries."""
         state = self.state
         if not isinstance(state, PooledControlState):
             return
-        with self._lock:
-            channels = list(self._channels)
         with state.feed_lock:
+            with self._lock:
+                channels = list(self._channels)
+            messages: list[tuple[Any, ...]] = []
             for channel in channels:
-                channel.pump(state.told)
+                channel.pump(messages.append)
+            messages.sort(key=_told_at)
+            for message in messages:
+                state.told(message)
 
     def close(self) -> None:
         """Stop serving; clients' next calls raise :class:`ControlStateUnavailable`."""
@@ -380,6 +398,9 @@ class RemoteControlState:
         if counters_path is not None:
             self._counters = SharedCounters.open(counters_path)
             self._channel = self._take()
+            # Room for what the server's follower has not read yet (it reads in batches): a
+            # journal entry carries up to 256 KiB of body each way. The kernel caps it at wmem_max.
+            self._channel.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _CHANNEL_BUFFER)
             _send(self._channel, ("channel", ()))
             _receive(self._channel)  # registered: from now on every read there sees what we tell
 
@@ -439,6 +460,7 @@ class RemoteControlState:
                 (
                     "begin",
                     fast.epoch,
+                    fast.at,
                     fast.entry_id,
                     request.method,
                     request.path,
@@ -446,7 +468,6 @@ class RemoteControlState:
                     request.body[: BODY_LIMIT + 1],  # the journal keeps no more, and sees it was cut
                     request.client,
                     request.worker,
-                    fast.at,
                     change,
                 )
             )
@@ -470,15 +491,19 @@ class RemoteControlState:
         if self._counters is None:
             self._call("finish", entry_id, status, response, outcome, leave)
             return
-        change = tuple(self._counters.leave()) if leave else None
+        change = self._counters.leave() if leave else None
         kept = None if response is None else response[: BODY_LIMIT + 1]
-        self._tell(("finish", None, entry_id, status, kept, outcome, time.monotonic(), change))
+        at = time.monotonic() if change is None else change.at
+        self._tell(
+            ("finish", None, at, entry_id, status, kept, outcome, None if change is None else tuple(change))
+        )
 
     def leave(self, entry_id: int | None = None) -> None:
         if self._counters is None:
             self._call("leave")
             return
-        self._tell(("leave", None, tuple(self._counters.leave())))
+        change = self._counters.leave()
+        self._tell(("leave", None, change.at, tuple(change)))
 
     def add_faults(self, specs: list[FaultSpec]) -> list[FaultRule]:
         wire = [spec.model_dump(mode="json") for spec in specs]
