@@ -3,15 +3,16 @@
 Most requests need nothing from the control state but a journal id in arrival order and a place
 under the cap; those come from :class:`~mocksandbox.control.counters.SharedCounters`, which every
 worker maps. A worker then *tells* the master what happened (the request as it arrived, its answer,
-the in-flight changes), one way, on a socket of its own (a :class:`Feed` channel), and does not wait.
+the in-flight changes), one way, on a socket of its own (a channel), and does not wait.
 Only what needs the master's objects goes the long way, as a call that waits for its answer: an
 admission while fault rules are in force (their schedules count in one place) or while over-cap
 requests queue for a slot; and every read.
 
 Why this is exact: the counters are changed under one lock by every process, so ids, the in-flight
 count and its peak are what one process would give; fault decisions and queueing happen in the
-master only. Every read first *drains* the channels (:meth:`Feed.drain`): a worker sends what it
-tells before it answers its client, so whatever a client saw answered before it asked is in the
+master only. Every read first *drains* the channels
+(:meth:`~mocksandbox.control.shared.ControlStateServer.drain`): a worker sends what it tells before
+it answers its client, so whatever a client saw answered before it asked is in the
 journal when it reads. A reset starts a new epoch; what a worker tells of an older one is dropped.
 """
 
@@ -161,7 +162,7 @@ class PooledControlState(LocalControlState):
     def _open_fast_path(self) -> None:
         """Workers admit by themselves unless a fault rule is in force or over-cap requests queue."""
         policy = self._capacity
-        fast = not self.faults.rules() and policy.wait_seconds() == 0.0
+        fast = not self.faults.rules() and not self.queueing
         self.counters.configure(fast, policy.max_in_flight, policy.retry_after_s)
 
     @property
