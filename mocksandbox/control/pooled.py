@@ -28,7 +28,7 @@ from typing import Any
 
 from mocksandbox.control.counters import InFlightChange, SharedCounters
 from mocksandbox.control.state import Admission, CapacityPolicy, IncomingRequest, LocalControlState
-from mocksandbox.faults import FaultRule, FaultSpec, RequestInfo
+from mocksandbox.faults import FaultRule, FaultSpec
 from mocksandbox.journal import InFlight, JournalEntry
 
 #: How long a request queued for a slot sleeps at most before it looks again: a worker's leave is
@@ -150,12 +150,7 @@ class PooledControlState(LocalControlState):
             entry_id=entry_id,
             at=time.monotonic(),
         )
-        policy = self._capacity
-        if not self.in_flight.enter(policy.max_in_flight, policy.wait_seconds()):
-            return Admission(entry.id, False, policy.retry_after_s)
-        decision = self.faults.decide(RequestInfo(request.method, request.path, request.body))
-        self.journal.note_faults(entry, decision)
-        return Admission(entry.id, True, policy.retry_after_s, decision)
+        return self._decide(entry, request)
 
     # -- what opens and closes the fast path ----------------------------------------------------
 

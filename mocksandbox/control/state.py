@@ -207,6 +207,10 @@ class LocalControlState:
         entry = self.journal.begin(
             request.method, request.path, request.query, request.body, request.client, request.worker
         )
+        return self._decide(entry, request)
+
+    def _decide(self, entry: JournalEntry, request: IncomingRequest) -> Admission:
+        """The cap's and the fault rules' verdict on ``request``, journaled as ``entry``."""
         policy = self._capacity
         if not self.in_flight.enter(policy.max_in_flight, policy.wait_seconds()):
             return Admission(entry.id, False, policy.retry_after_s)

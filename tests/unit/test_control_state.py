@@ -187,6 +187,21 @@ state.close()
 """
 
 
+def _serve_two_workers(local: LocalControlState) -> None:
+    """Serve ``local`` to two processes running ``_WORKER`` at once, until both are done; what they
+    told is all applied (a read drains it) before the state server stops."""
+    server = ControlStateServer(local)
+    try:
+        workers = [
+            subprocess.Popen([sys.executable, "-c", _WORKER, server.path, f"worker-{n}"]) for n in (1, 2)
+        ]
+        for worker in workers:
+            assert worker.wait(timeout=120) == 0
+        local.stats()
+    finally:
+        server.close()
+
+
 @pytest.mark.parametrize("holder", [LocalControlState, PooledControlState])
 def test_two_worker_processes_share_one_exact_state(holder: type[LocalControlState]) -> None:
     """What two real processes see at once: one journal in arrival order, a cap never exceeded, and
@@ -198,17 +213,11 @@ def test_two_worker_processes_share_one_exact_state(holder: type[LocalControlSta
             _spec(name="every-seventh", action={"type": "status", "status": 504}, schedule={"every": 7}),
         ]
     )
-    server = ControlStateServer(local)
     try:
-        workers = [
-            subprocess.Popen([sys.executable, "-c", _WORKER, server.path, f"worker-{n}"]) for n in (1, 2)
-        ]
-        for worker in workers:
-            assert worker.wait(timeout=120) == 0
+        _serve_two_workers(local)
         entries = local.entries()
         stats = local.stats()
     finally:
-        server.close()
         local.close()
     assert [e.id for e in entries] == list(range(1, 401))
     assert stats["requests_total"] == 400 and stats["in_flight"] == 0
@@ -229,18 +238,12 @@ def test_two_worker_processes_on_the_fast_path_keep_the_state_exact() -> None:
     counters and tell the master one way. Ids still run 1..400 in arrival order, the cap is never
     exceeded, each 429 is counted once, and the timeline never shows more than the cap."""
     local = PooledControlState(capacity=CapacityPolicy(max_in_flight=4))
-    server = ControlStateServer(local)
     try:
-        workers = [
-            subprocess.Popen([sys.executable, "-c", _WORKER, server.path, f"worker-{n}"]) for n in (1, 2)
-        ]
-        for worker in workers:
-            assert worker.wait(timeout=120) == 0
+        _serve_two_workers(local)
         entries = local.entries()
         stats = local.stats()
         timeline = local.timeline()
     finally:
-        server.close()
         local.close()
     assert [e.id for e in entries] == list(range(1, 401))
     assert {e.worker for e in entries} == {"worker-1", "worker-2"}
