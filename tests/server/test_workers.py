@@ -43,11 +43,14 @@ class Served:
         return self.post("/run_code", {"code": code, "language": "python", **fields})
 
     def workers(self) -> list[psutil.Process]:
-        return [
-            child
-            for child in psutil.Process(self.process.pid).children()
-            if "mocksandbox.workers" in " ".join(child.cmdline())
-        ]
+        found = []
+        for child in psutil.Process(self.process.pid).children():
+            try:
+                if "mocksandbox.workers" in " ".join(child.cmdline()):
+                    found.append(child)
+            except psutil.Error:  # a killed worker not reaped yet: not one of the workers
+                continue
+        return found
 
 
 @pytest.fixture(scope="module")
@@ -155,13 +158,26 @@ def test_workers_keep_to_their_cores_and_user_code_gets_them_all(served: Served)
     assert cell["cells"][0]["stdout"] == f"{cpus}\n", cell
 
 
+def _kernel_processes(worker: psutil.Process) -> list[psutil.Process]:
+    """The kernel fork server below ``worker`` and the kernels it forked (same command line);
+    processes that exit while they are looked at (a run's program, a kernel shut down) are not."""
+    found = []
+    for process in worker.children(recursive=True):
+        try:
+            if "_zygote.py" in " ".join(process.cmdline()):
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
 def test_a_killed_worker_takes_its_jupyter_kernels_with_it(served: Served) -> None:
     """A worker that dies without closing anything (SIGKILL) leaves no kernel behind: its kernel
     fork server sees its input close and kills every kernel's process group."""
     assert served.post("/run_jupyter", {"cells": ["6 * 7"]}).ok
     holder, helpers = None, []
     for worker in served.workers():
-        helpers = [p for p in worker.children(recursive=True) if "_zygote.py" in " ".join(p.cmdline())]
+        helpers = _kernel_processes(worker)
         if helpers:
             holder = worker
             break
@@ -169,11 +185,19 @@ def test_a_killed_worker_takes_its_jupyter_kernels_with_it(served: Served) -> No
     deadline = time.monotonic() + 30
     while len(helpers) < 2 and time.monotonic() < deadline:  # the fork server and a warm kernel
         time.sleep(0.1)
-        helpers = [p for p in holder.children(recursive=True) if "_zygote.py" in " ".join(p.cmdline())]
+        helpers = _kernel_processes(holder)
     assert len(helpers) >= 2, helpers
     holder.kill()
     _, alive = psutil.wait_procs(helpers, timeout=30)
     assert alive == [], [p.pid for p in alive]
+    # The pool replaces the worker; waited for here, so that its journal event lands in this test.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        events = [e for e in served.get("/_mock/journal").json()["entries"] if e["method"] == "EVENT"]
+        if any(f"(pid {holder.pid}) died" in e["body"] for e in events) and len(served.workers()) == 2:
+            break
+        time.sleep(0.2)
+    assert len(served.workers()) == 2
 
 
 def test_swedev_sessions_from_any_worker(served: Served) -> None:
