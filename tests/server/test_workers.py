@@ -139,7 +139,6 @@ def test_over_cap_requests_queue_across_workers(served: Served) -> None:
     assert statuses == [200] * 8
     stats = served.get("/_mock/stats").json()
     assert stats["max_in_flight"] == 2 and stats["in_flight"] == 0 and stats["rejected_by_cap"] == 0
-    assert {e["worker"] for e in served.get("/_mock/journal").json()["entries"]} == {"worker-1", "worker-2"}
 
 
 def test_workers_keep_to_their_cores_and_user_code_gets_them_all(served: Served) -> None:
@@ -151,7 +150,7 @@ def test_workers_keep_to_their_cores_and_user_code_gets_them_all(served: Served)
     assert all(len(share) < len(cpus) for share in shares)
     assert "cores: worker-1 on " in served.banner
     probe = "import os; print(sorted(os.sched_getaffinity(0)))"
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # both workers' launchers
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # (the kernel picks the workers)
         answers = list(pool.map(lambda _: served.run(probe).json(), range(8)))
     assert {a["run_result"]["stdout"] for a in answers} == {f"{cpus}\n"}
     cell = served.post("/run_jupyter", {"cells": [probe]}).json()
