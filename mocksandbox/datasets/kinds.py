@@ -93,11 +93,19 @@ class DatasetClass:
         """Whether an unregistered table whose first row is ``row`` belongs to this class."""
         return False
 
-    def get_prompts(self, request: GetPromptsRequest, ctx: EvalContext) -> list[Prompt]:
+    #: The columns :meth:`build_prompt` reads (``None``: every column).
+    prompt_columns: ClassVar[Sequence[str] | None] = None
+
+    def build_prompt(self, row: Row, config: TestConfig) -> Prompt:
+        """One row's prompt. A class whose prompts each come from their own row alone overrides
+        this (and :attr:`prompt_columns`) and gets both prompt endpoints from it."""
         raise NotImplementedError
 
+    def get_prompts(self, request: GetPromptsRequest, ctx: EvalContext) -> list[Prompt]:
+        return [self.build_prompt(row, request.config) for row in ctx.rows(request, self.prompt_columns)]
+
     def get_prompt_by_id(self, request: GetPromptByIdRequest, ctx: EvalContext) -> Prompt:
-        raise NotImplementedError
+        return self.build_prompt(ctx.row(request, self.prompt_columns), request.config)
 
     def get_ids(self, request: GetPromptsRequest, ctx: EvalContext) -> list[int | str]:
         """``/list_ids``: the ids of the prompts (SandboxFusion builds every prompt for this)."""

@@ -15,6 +15,7 @@ import base64
 import json
 import secrets
 import string
+from collections.abc import Sequence
 from string import Template
 from typing import Any, ClassVar
 
@@ -24,8 +25,6 @@ from mocksandbox.datasets.extraction import default_extract_helper, remove_entry
 from mocksandbox.datasets.kinds import DatasetClass, EvalContext, ensure_json, single_test_result
 from mocksandbox.datasets.models import (
     EvalResult,
-    GetPromptByIdRequest,
-    GetPromptsRequest,
     Prompt,
     SubmitRequest,
     TestConfig,
@@ -65,14 +64,10 @@ def parse_jest_cases(report: str | dict[str, Any]) -> list[dict[str, Any]]:
 class AutoEvalDataset(DatasetClass):
     class_name: ClassVar[str] = "AutoEvalDataset"
 
-    def get_prompts(self, request: GetPromptsRequest, ctx: EvalContext) -> list[Prompt]:
-        return [self._prompt(row, request.config) for row in ctx.rows(request, _COLUMNS)]
-
-    def get_prompt_by_id(self, request: GetPromptByIdRequest, ctx: EvalContext) -> Prompt:
-        return self._prompt(ctx.row(request, _COLUMNS), request.config)
+    prompt_columns: ClassVar[Sequence[str]] = _COLUMNS
 
     @staticmethod
-    def _prompt(row: dict[str, Any], config: TestConfig) -> Prompt:
+    def build_prompt(row: dict[str, Any], config: TestConfig) -> Prompt:
         labels = ensure_json(row, "labels")
         question = row["content"]
         context = config.extra.get("context", labels.get("context"))

@@ -10,6 +10,7 @@ needs ``config.language``; the best block of the completion (see
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from mocksandbox.datasets.errors import DatasetHTTPError
@@ -17,8 +18,6 @@ from mocksandbox.datasets.extraction import default_extract_helper
 from mocksandbox.datasets.kinds import DatasetClass, EvalContext, check_stdio_cases, ensure_json
 from mocksandbox.datasets.models import (
     EvalResult,
-    GetPromptByIdRequest,
-    GetPromptsRequest,
     Prompt,
     SubmitRequest,
     TestConfig,
@@ -67,14 +66,10 @@ class CommonOJDataset(DatasetClass):
             and all(isinstance(case, dict) and "input" in case and "output" in case for case in cases)
         )
 
-    def get_prompts(self, request: GetPromptsRequest, ctx: EvalContext) -> list[Prompt]:
-        return [self._prompt(row, request.config) for row in ctx.rows(request, _PROMPT_COLUMNS)]
-
-    def get_prompt_by_id(self, request: GetPromptByIdRequest, ctx: EvalContext) -> Prompt:
-        return self._prompt(ctx.row(request, _PROMPT_COLUMNS), request.config)
+    prompt_columns: ClassVar[Sequence[str]] = _PROMPT_COLUMNS
 
     @staticmethod
-    def _prompt(row: dict[str, Any], config: TestConfig) -> Prompt:
+    def build_prompt(row: dict[str, Any], config: TestConfig) -> Prompt:
         prompts = LANGUAGE_PROMPTS.get(config.locale or "", LANGUAGE_PROMPTS["en"])
         instruction = prompts.get(config.language or "", prompts["default"])
         prompt = f"{row['content']}\n\n{instruction.format(language=config.language)}"

@@ -16,6 +16,7 @@ import json
 import pickle
 import re
 import zlib
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from mocksandbox.datasets.classes.texts import LCB_FEWSHOT_PREFIX, LCB_TEST_CODE, LCB_TESTING_UTIL
@@ -23,8 +24,6 @@ from mocksandbox.datasets.extraction import default_extract_helper
 from mocksandbox.datasets.kinds import DatasetClass, EvalContext, ensure_json, single_test_result
 from mocksandbox.datasets.models import (
     EvalResult,
-    GetPromptByIdRequest,
-    GetPromptsRequest,
     Prompt,
     SubmitRequest,
     TestConfig,
@@ -74,14 +73,10 @@ class LiveCodeBenchDataset(DatasetClass):
     class_name: ClassVar[str] = "LiveCodeBenchDataset"
     dataset_tables: ClassVar[dict[str, str]] = {"live_code_bench_v1": "code_eval_live_code_bench_v1"}
 
-    def get_prompts(self, request: GetPromptsRequest, ctx: EvalContext) -> list[Prompt]:
-        return [self._prompt(row, request.config) for row in ctx.rows(request, _COLUMNS)]
-
-    def get_prompt_by_id(self, request: GetPromptByIdRequest, ctx: EvalContext) -> Prompt:
-        return self._prompt(ctx.row(request, _COLUMNS), request.config)
+    prompt_columns: ClassVar[Sequence[str]] = _COLUMNS
 
     @staticmethod
-    def _prompt(row: dict[str, Any], config: TestConfig) -> Prompt:
+    def build_prompt(row: dict[str, Any], config: TestConfig) -> Prompt:
         prompt = fewshot_prompt(row["content"]) if config.is_fewshot else row["content"]
         return Prompt(id=row["id"], prompt=prompt, labels=ensure_json(row, "labels"))
 

@@ -9,6 +9,7 @@ only the last) run as one program.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from mocksandbox.datasets.classes.texts import MBPP_FEWSHOT_TASKS
@@ -16,8 +17,6 @@ from mocksandbox.datasets.extraction import extract_code_from_freeform_completio
 from mocksandbox.datasets.kinds import DatasetClass, EvalContext, ensure_json, single_test_result
 from mocksandbox.datasets.models import (
     EvalResult,
-    GetPromptByIdRequest,
-    GetPromptsRequest,
     Prompt,
     SubmitRequest,
     TestConfig,
@@ -47,14 +46,10 @@ class MBPPDataset(DatasetClass):
     def matches(self, row: dict[str, Any]) -> bool:
         return "test_list" in row and "content" in row and "labels" in row
 
-    def get_prompts(self, request: GetPromptsRequest, ctx: EvalContext) -> list[Prompt]:
-        return [self._prompt(row, request.config) for row in ctx.rows(request, _COLUMNS)]
-
-    def get_prompt_by_id(self, request: GetPromptByIdRequest, ctx: EvalContext) -> Prompt:
-        return self._prompt(ctx.row(request, _COLUMNS), request.config)
+    prompt_columns: ClassVar[Sequence[str]] = _COLUMNS
 
     @staticmethod
-    def _prompt(row: dict[str, Any], config: TestConfig) -> Prompt:
+    def build_prompt(row: dict[str, Any], config: TestConfig) -> Prompt:
         ensure_json(row, "labels")
         tests: list[str] = ensure_json(row, "test_list")
         intro = f"You are an expert Python programmer, and here is your task: {row['content']} "

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from mocksandbox.datasets.classes.texts import PALMATH_TEST_CODE
@@ -29,8 +30,6 @@ from mocksandbox.datasets.kinds import (
 )
 from mocksandbox.datasets.models import (
     EvalResult,
-    GetPromptByIdRequest,
-    GetPromptsRequest,
     Prompt,
     SubmitRequest,
     TestConfig,
@@ -43,13 +42,9 @@ _LABELED_COLUMNS = ("id", "labels", "content")
 class _LabeledPrompts(DatasetClass):
     """Prompts that are the row's ``content`` with its ``labels``."""
 
-    def get_prompts(self, request: GetPromptsRequest, ctx: EvalContext) -> list[Prompt]:
-        return [self._prompt(row, request.config) for row in ctx.rows(request, _LABELED_COLUMNS)]
+    prompt_columns: ClassVar[Sequence[str]] = _LABELED_COLUMNS
 
-    def get_prompt_by_id(self, request: GetPromptByIdRequest, ctx: EvalContext) -> Prompt:
-        return self._prompt(ctx.row(request, _LABELED_COLUMNS), request.config)
-
-    def _prompt(self, row: dict[str, Any], config: TestConfig) -> Prompt:
+    def build_prompt(self, row: dict[str, Any], config: TestConfig) -> Prompt:
         return Prompt(id=row["id"], prompt=row["content"], labels=ensure_json(row, "labels"))
 
 
@@ -57,7 +52,7 @@ class AiderBenchmarkDataset(_LabeledPrompts):
     class_name: ClassVar[str] = "AiderBenchmarkDataset"
     dataset_tables: ClassVar[dict[str, str]] = {"aider_benchmark_v1": "code_eval_aider_benchmark_v1"}
 
-    def _prompt(self, row: dict[str, Any], config: TestConfig) -> Prompt:
+    def build_prompt(self, row: dict[str, Any], config: TestConfig) -> Prompt:
         labels = ensure_json(row, "labels")
         prompt = (
             f"\n{row['content']}\n\nPlease generate the code in the following format:\n"
@@ -88,16 +83,10 @@ class AiderBenchmarkDataset(_LabeledPrompts):
 class MHPPDataset(DatasetClass):
     class_name: ClassVar[str] = "MHPPDataset"
     dataset_tables: ClassVar[dict[str, str]] = {"mhpp": "code_eval_mhpp"}
-    _PROMPT_COLUMNS = ("id", "labels", "content", "test")
-
-    def get_prompts(self, request: GetPromptsRequest, ctx: EvalContext) -> list[Prompt]:
-        return [self._prompt(row, request.config) for row in ctx.rows(request, self._PROMPT_COLUMNS)]
-
-    def get_prompt_by_id(self, request: GetPromptByIdRequest, ctx: EvalContext) -> Prompt:
-        return self._prompt(ctx.row(request, self._PROMPT_COLUMNS), request.config)
+    prompt_columns: ClassVar[Sequence[str]] = ("id", "labels", "content", "test")
 
     @staticmethod
-    def _prompt(row: dict[str, Any], config: TestConfig) -> Prompt:
+    def build_prompt(row: dict[str, Any], config: TestConfig) -> Prompt:
         first_test = row["test"].split("\n")[0]
         prompt = (
             default_extract_helper(row["content"], "python")
