@@ -306,7 +306,7 @@ class HumanEvalDataset(_MultiPLEStyle):
         "evoeval": "python",
     }
     extract_languages: ClassVar[dict[str, str]] = {
-        **{dataset: language for dataset, language in run_languages.items()},
+        **run_languages,
         "humaneval_go": "go",
         "humaneval_js": "js",
         "humaneval_r": "r",
