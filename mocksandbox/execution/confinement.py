@@ -15,8 +15,10 @@ Two implementations behind one small interface:
 from __future__ import annotations
 
 import errno
+import fcntl
 import itertools
 import os
+import secrets
 import signal
 import threading
 import time
@@ -257,11 +259,37 @@ DRAIN_BOUND_S = 5.0
 
 
 def _remove_stale_parents(home: Path) -> None:
-    """Remove the cgroups of mocksandbox servers that died without cleaning up (e.g. SIGKILL)."""
+    """Remove the cgroups of mocksandbox servers that died without cleaning up (e.g. SIGKILL).
+
+    A live server holds a lock on each of its parent groups (see :func:`_lock_parent`); a group
+    whose lock can be taken belongs to nobody. Each controller's group is judged by its own lock:
+    two processes may sit in different groups of one controller and the same of another. Pids
+    are no guide: in a container or PID namespace the next server has the dead one's pid (1 or 2)
+    and would take its leftovers for its own.
+    """
     for parent in home.glob("mocksandbox-*"):
-        pid_text = parent.name.removeprefix("mocksandbox-").split("-", 1)[0]
-        if pid_text.isdigit() and not psutil.pid_exists(int(pid_text)):
+        try:
+            lock = _lock_parent(parent)
+        except FileNotFoundError:
+            continue  # removed meanwhile
+        except OSError:
+            continue  # alive (or not ours to judge): left alone
+        try:
             _remove_dir_tree(parent)
+        finally:
+            os.close(lock)
+
+
+def _lock_parent(parent: Path) -> int:
+    """An exclusive ``flock`` on a server's parent group, held while the server lives; raises
+    ``OSError`` if another process (or another sandbox of this one) holds it."""
+    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 class CgroupConfinement:
@@ -299,12 +327,17 @@ class CgroupConfinement:
         self._parents: dict[str, Path] = {}
         # Several sandboxes may live in one process (tests, fixtures): each gets its own groups.
         self._instance = next(_INSTANCES)
+        # Unique per server instance (a random part: pids repeat in every container), and locked
+        # while we live, so that the next server can tell our groups from a dead server's.
+        name = f"mocksandbox-{os.getpid()}-{self._instance}-{secrets.token_hex(4)}"
+        self._owner_locks: list[int] = []
         for controller in _CONTROLLERS:
             home = own_cgroup_dir(controller)
             _remove_stale_parents(home)
-            parent = home / f"mocksandbox-{os.getpid()}-{self._instance}"
-            parent.mkdir(exist_ok=True)
+            parent = home / name
+            parent.mkdir()
             self._parents[controller] = parent
+            self._owner_locks.append(_lock_parent(parent))
         if self.budget.runs_total is not None:
             _write(self._parents["pids"] / "pids.max", str(self.budget.runs_total))
         if self.memory_budget.runs_total is not None:
@@ -361,6 +394,9 @@ class CgroupConfinement:
             jail.remove()
         for parent in self._parents.values():
             _remove_dir_tree(parent)
+        locks, self._owner_locks = self._owner_locks, []
+        for lock in locks:
+            os.close(lock)
 
 
 class ProcessGroupJail:
