@@ -215,7 +215,23 @@ class _HttpClientPoster:
             self.connection = None
 
 
-CLIENTS = {"http": _HttpClientPoster, "requests": _RequestsPoster}
+class _NewConnectionPoster(_HttpClientPoster):
+    """A new ``http.client`` connection for every request, closed after it (``Connection: close``):
+    what verl's ``requests.post`` without a session and ``urllib`` clients cost a server."""
+
+    def post(self, payload: dict[str, Any], timeout: float) -> tuple[int, str]:
+        connection = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        try:
+            body = json.dumps(payload).encode()
+            headers = {"Content-Type": "application/json", "Connection": "close"}
+            connection.request("POST", self.path, body, headers)
+            response = connection.getresponse()
+            return response.status, response.read().decode("utf-8", "replace")
+        finally:
+            connection.close()
+
+
+CLIENTS = {"http": _HttpClientPoster, "requests": _RequestsPoster, "new-connection": _NewConnectionPoster}
 
 
 def run_level(
@@ -361,13 +377,16 @@ def _cpuacct_group() -> str | None:
 
 @contextlib.contextmanager
 def served_mock(
-    exec_mode: str, workers: int = 1, python: str | None = None
+    exec_mode: str, workers: int = 1, python: str | None = None, isolation: str | None = None
 ) -> Iterator[tuple[str, CpuMeter]]:
-    """``mocksandbox serve --exec-mode MODE --workers N [--python P]`` as its own process on
-    127.0.0.1 (free port), in a cpuacct cgroup of its own where possible: its URL and CPU meter."""
+    """``mocksandbox serve --exec-mode MODE --workers N [--python P] [--isolation I]`` as its own
+    process on 127.0.0.1 (free port), in a cpuacct cgroup of its own where possible: its URL and
+    CPU meter."""
     group = _cpuacct_group()
     command = [sys.executable, "-m", "mocksandbox.cli", "serve", "--port", "0", "--exec-mode", exec_mode]
     command += ["--workers", str(workers)]
+    if isolation:
+        command += ["--isolation", isolation]
     if python:
         command += ["--python", python]
     if group is not None:  # the shell joins the group, then becomes the server: all it starts counts
@@ -571,11 +590,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="print", help="what to run (print)")
     parser.add_argument(
+        "--isolation",
+        default="",
+        help="serve each mock with each of these isolations, e.g. none,lite (default: the server's own)",
+    )
+    parser.add_argument(
         "--client",
         choices=sorted(CLIENTS),
         default="http",
-        help="HTTP client of the load threads: 'http' (keep-alive http.client, light; default) or "
-        "'requests' (a requests.Session each, as verl; about 2 ms more client CPU per call)",
+        help="HTTP client of the load threads: 'http' (keep-alive http.client, light; default), "
+        "'requests' (a requests.Session each; about 2 ms more client CPU per call) or "
+        "'new-connection' (a new connection per request, as verl's requests.post)",
     )
     args = parser.parse_args(argv)
     try:
@@ -585,6 +610,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--concurrency and --workers take integers, e.g. 1,4,16 and 1,2")
     if not args.worker_counts or min(args.worker_counts) < 1:
         parser.error("--workers must be positive")
+    args.isolations = [i.strip() for i in args.isolation.split(",") if i.strip()] or [None]
+    if any(i not in ("none", "lite", "auto", None) for i in args.isolations):
+        parser.error("--isolation takes none, lite or auto, e.g. none,lite")
     if args.rounds < 1:
         parser.error("--rounds must be positive")
     if not args.levels or min(args.levels) < 1 or args.requests < 1:
@@ -606,11 +634,12 @@ def main(argv: list[str] | None = None) -> int:
             name, url, args.levels, args.requests, args.warmup, args.timeout, workload, args.client, meter
         )
 
-    def served(mode: str, workers: int) -> Callable[[], Target]:
+    def served(mode: str, workers: int, isolation: str | None) -> Callable[[], Target]:
         def run() -> Target:
             # One served mock at a time: the others would share the cores while idle.
-            with served_mock(mode, workers, args.python) as (url, meter):
+            with served_mock(mode, workers, args.python, isolation) as (url, meter):
                 name = f"mock-{mode}" + (f"-w{workers}" if len(args.worker_counts) > 1 else "")
+                name += f"-{isolation}" if isolation else ""
                 return measure(name, url, meter)
 
         return run
@@ -625,7 +654,11 @@ def main(argv: list[str] | None = None) -> int:
                     url, python, _ = stack.enter_context(in_process_mock())
                     plan.append(lambda url=url, mode=mode: measure(f"mock-{mode}", url))
                     continue
-                plan += [served(mode, workers) for workers in args.worker_counts]
+                plan += [
+                    served(mode, workers, isolation)
+                    for workers in args.worker_counts
+                    for isolation in args.isolations
+                ]
         if args.reference_url:
             plan.append(lambda: measure("reference", args.reference_url))
         for number in range(args.rounds):

@@ -32,6 +32,9 @@ def _serve(args: argparse.Namespace) -> int:
                 "python": args.python,
                 "runtime_dir": args.runtime_dir,
                 "confinement": args.confinement,
+                "isolation": args.isolation,
+                "run_network": args.run_network,
+                "run_env_keep": args.run_env_keep,
                 "exec_mode": args.exec_mode,
                 "max_output_bytes": args.max_output_bytes,
                 "access_log": args.access_log or None,
@@ -159,6 +162,8 @@ def sandbox_banner(sandbox: MockSandbox, settings: Settings) -> list[str]:
     backend = sandbox.sessions.check_backend()  # --swedev-backend: can the tests run there?
     lines = [
         f"  confinement: {sandbox.engine.confinement_name}",
+        f"  isolation: {sandbox.engine.isolation.describe()}",
+        f"  {sandbox.engine.isolation.describe_hidden()}",
         f"  process budget: {sandbox.confinement.budget.describe()}",
     ]
     lines.append(f"  memory budget: {sandbox.confinement.memory_budget.describe()}")
@@ -361,6 +366,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--confinement",
         choices=["auto", "cgroup", "process-group"],
         help="how runs are confined (default auto: cgroups where writable)",
+    )
+    serve.add_argument(
+        "--isolation",
+        choices=["auto", "lite", "none"],
+        help="what a run can see and touch (default auto: lite where this host allows it: every run "
+        "in a world of its own; none: the host's files, processes and network, as SandboxFusion's none)",
+    )
+    serve.add_argument(
+        "--run-network",
+        choices=["private", "host"],
+        help="a lite run's network (default private: its own loopback only; host: the host's network)",
+    )
+    serve.add_argument(
+        "--run-env-keep",
+        action="append",
+        metavar="NAME",
+        help="pass this environment variable to runs although its name looks like a credential (repeatable)",
     )
     serve.add_argument(
         "--exec-mode",

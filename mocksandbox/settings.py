@@ -50,6 +50,18 @@ class Settings(BaseModel):
     exec_mode: Literal["fork", "spawn"] = "fork"
     #: How runs are confined: a cgroup per run where the host allows it, else process groups and rlimits.
     confinement: Literal["auto", "cgroup", "process-group"] = "auto"
+    #: What a run can see and touch (see ``mocksandbox.execution.world``): ``lite`` gives every run
+    #: a world of its own (copy-on-write files, own PID, network, IPC and UTS namespaces, secrets
+    #: hidden, fewer capabilities); ``none`` runs programs in the host's, as SandboxFusion's
+    #: ``isolation: none``; ``auto``: ``lite`` where this host allows it (root, cgroups, overlayfs).
+    isolation: Literal["auto", "lite", "none"] = "auto"
+    #: The network of a ``lite`` run: ``private`` (its own loopback only: nothing of the host, this
+    #: server included, nor beyond) or ``host`` (the host's network, for programs that must reach it).
+    run_network: Literal["private", "host"] = "private"
+    #: Environment variables passed to runs although their names look like credentials (names
+    #: with TOKEN, SECRET, PASSWORD, API_KEY, ... and cloud prefixes are left out otherwise; in the
+    #: environment, ``,``-separated).
+    run_env_keep: list[str] = Field(default_factory=list)
     #: Upper bound on processes (threads included) one run may have at once (cgroup ``pids.max``).
     max_processes: int = Field(512, ge=8)
     #: Upper bound on one run's memory in MiB, whatever ``memory_limit_MB`` says (cgroup mode only).
@@ -163,7 +175,7 @@ class Settings(BaseModel):
                 data = {**data, "python": runtime_python}
         return data
 
-    @field_validator("allowed_hosts", mode="before")
+    @field_validator("allowed_hosts", "run_env_keep", mode="before")
     @classmethod
     def _split_names(cls, value: Any) -> Any:
         if isinstance(value, str):

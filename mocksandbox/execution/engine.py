@@ -9,9 +9,9 @@ import shlex
 import shutil
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from mocksandbox.execution.budget import MemoryBudget, ProcessBudget
 from mocksandbox.execution.confinement import Confinement, create_confinement
@@ -19,6 +19,16 @@ from mocksandbox.execution.languages import LANGUAGES, LanguageSpec, find_scala_
 from mocksandbox.execution.launcher import Launcher
 from mocksandbox.execution.process import CommandSpec, ProcessRunner
 from mocksandbox.execution.workdirs import WorkdirPool
+from mocksandbox.execution.world import (
+    KEPT_CAPABILITIES,
+    HostWorkspace,
+    Isolation,
+    LayeredWorkspace,
+    RunsRoot,
+    hidden_credential_paths,
+    is_credential_variable,
+    lite_unavailable_reason,
+)
 from mocksandbox.models import (
     CommandRunResult,
     CommandRunStatus,
@@ -55,12 +65,18 @@ _HIDDEN_PYTHON_VARIABLES = frozenset(
 FORK_MIN_MEMORY_LIMIT_MB = 128
 
 
-def program_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The server's environment as user programs get it (SandboxFusion passes it whole)."""
+def program_environment(environ: Mapping[str, str], keep: Iterable[str] = ()) -> dict[str, str]:
+    """The server's environment as user programs get it: SandboxFusion passes it whole; here
+    without the variables that steer the server or its tests, and without those that look like
+    credentials (``world.is_credential_variable``) but for those ``keep`` names."""
+    kept = set(keep)
     return {
         k: v
         for k, v in environ.items()
-        if not k.startswith(_HIDDEN_ENV_PREFIXES) and k not in _HIDDEN_PYTHON_VARIABLES
+        if k in kept
+        or not (
+            k.startswith(_HIDDEN_ENV_PREFIXES) or k in _HIDDEN_PYTHON_VARIABLES or is_credential_variable(k)
+        )
     }
 
 
@@ -95,11 +111,22 @@ class CommandRunner(Protocol):
 class ExecutionEngine:
     """Runs /run_code requests: temp dir, files, compile step, run step, fetched files."""
 
-    def __init__(self, settings: Settings, runner: CommandRunner, confinement_name: str = "") -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        runner: CommandRunner,
+        confinement_name: str = "",
+        isolation: Isolation | None = None,
+        runs_root: RunsRoot | None = None,
+    ) -> None:
         self.settings = settings
         self.runner = runner
         self.confinement_name = confinement_name
-        self._base_env = program_environment(os.environ)
+        #: What a run can see and touch (``world.py``); none: the host's files, processes, network.
+        self.isolation = isolation if isolation is not None else Isolation("none")
+        #: The tmpfs holding each request's layers under isolation lite, else ``None``.
+        self.runs_root = runs_root
+        self._base_env = program_environment(os.environ, settings.run_env_keep)
         self._interpreter_placeholders = interpreter_placeholders(settings.python)
         python_dir = str(Path(settings.python).parent)
         self._python_env = {
@@ -121,8 +148,10 @@ class ExecutionEngine:
     # -- public API ---------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Remove the temp dirs kept for later runs."""
+        """Remove the temp dirs kept for later runs (and the runs' tmpfs)."""
         self.workdirs.close()
+        if self.runs_root is not None:
+            self.runs_root.close()
 
     def run_code(self, request: RunCodeRequest) -> RunCodeResponse:
         """Answer one validated request as SandboxFusion would; never raises."""
@@ -165,21 +194,30 @@ class ExecutionEngine:
         if "cpp_flags" in spec.needs:
             placeholders["cpp_flags"] = " ".join(map(shlex.quote, self._detect_cpp_flags()))
 
-        workdir = self.workdirs.take()
+        workspace = self.new_workspace()
+        workdir = workspace.cwd  # the run's path: the same on the host without isolation
         code_path: str | None = None
         try:
             if spec.restores_files:
-                restore_files(workdir, request.files)
+                restore_files(workspace, request.files)
             placeholders["dir"] = shlex.quote(workdir)
-            placeholders.update(self.runtime.prepare_workdir(spec, workdir, request.files))
+            placeholders.update(self.runtime.prepare_workdir(spec, workspace.host_cwd, request.files))
             env = self._language_env[spec.name]
             if spec.setup_command is not None:
                 # Before the code is written, as SandboxFusion does: C#'s `dotnet new console`
                 # makes a template Program.cs that the user's code then replaces.
                 self._command(
-                    spec.setup_command, placeholders, workdir, env, None, request.compile_timeout, -1
+                    spec.setup_command,
+                    placeholders,
+                    workdir,
+                    env,
+                    None,
+                    request.compile_timeout,
+                    -1,
+                    world=workspace.next_command(),
                 )
-            code_path = self._write_code(workdir, spec, request.code)
+            host_code_path = self._write_code(workspace.host_cwd, spec, request.code)
+            code_path = os.path.join(workdir, os.path.basename(host_code_path))
             placeholders["file"] = shlex.quote(code_path)
             compile_result = None
             if spec.compile_command is not None:
@@ -193,6 +231,7 @@ class ExecutionEngine:
                     None,
                     request.compile_timeout,
                     request.memory_limit_MB,
+                    world=workspace.next_command(),
                 )
             run_result = None
             if compile_result is None or (
@@ -207,10 +246,43 @@ class ExecutionEngine:
                     request.run_timeout,
                     request.memory_limit_MB,
                     python_file=code_path if self._forks(spec, request) else None,
+                    world=workspace.next_command(),
                 )
-            return compile_result, run_result, fetch_files(workdir, request.fetch_files)
+            return compile_result, run_result, fetch_files(workspace, request.fetch_files)
         finally:
-            self.workdirs.give_back(workdir, code_path)
+            workspace.close(code_path)
+
+    def prove_isolation(self) -> None:
+        """Run one program in a world of its own and check what it saw; raises
+        :class:`IsolationError` naming the cause if the world could not be made."""
+        workspace = self.new_workspace()
+        try:
+            result = self.runner.run(
+                CommandSpec(
+                    command="echo $$ && test ! -e /proc/self/ns/x && echo world",
+                    cwd=workspace.cwd,
+                    env=self._base_env,
+                    stdin=None,
+                    timeout=30.0,
+                    world=workspace.next_command(),
+                )
+            )
+        finally:
+            workspace.close(None)
+        words = (result.stdout or "").split()
+        if result.status != CommandRunStatus.Finished or result.return_code != 0 or words[-1:] != ["world"]:
+            cause = (result.stderr or result.stdout or str(result.status)).strip().splitlines()
+            raise IsolationError(cause[-1] if cause else "the start-up run failed")
+        if words[0] == str(os.getpid()) or not words[0].isdigit() or int(words[0]) > 64:
+            raise IsolationError(f"the start-up run was not in a PID namespace of its own (pid {words[0]})")
+
+    def new_workspace(self) -> HostWorkspace | LayeredWorkspace:
+        """One request's files: a temp dir on the host, or (isolation lite) layers of its own."""
+        if self.runs_root is None:
+            return HostWorkspace(self.workdirs.take(), self.workdirs)
+        return LayeredWorkspace(
+            self.runs_root, self.settings.tmp_root or tempfile.gettempdir(), self.isolation.hidden_paths
+        )
 
     def _command(
         self,
@@ -222,6 +294,7 @@ class ExecutionEngine:
         timeout: float,
         memory_limit_mb: int,
         python_file: str | None = None,
+        world: Mapping[str, Any] | None = None,
     ) -> CommandRunResult:
         command = template.format_map(placeholders)
         if math.isnan(timeout):
@@ -236,6 +309,7 @@ class ExecutionEngine:
                 timeout=min(timeout, self.settings.max_timeout_s),
                 memory_limit_mb=memory_limit_mb,
                 python_file=python_file,
+                world=world,
             )
         )
 
@@ -295,27 +369,37 @@ class ExecutionEngine:
             return self._cpp_flags
 
 
-def restore_files(workdir: str, files: Mapping[str, str | None]) -> None:
-    """Write ``files`` as SandboxFusion does: relative to ``workdir`` (absolute paths honoured),
-    parents created, ``null`` values and names containing ``IGNORE_THIS_FILE`` skipped.
-    Bad base64 raises ``binascii.Error``, which becomes a SandboxError."""
+def restore_files(workspace: str | HostWorkspace | LayeredWorkspace, files: Mapping[str, str | None]) -> None:
+    """Write ``files`` as SandboxFusion does: relative to the run's dir (absolute paths honoured,
+    in the run's view), parents created, ``null`` values and names containing ``IGNORE_THIS_FILE``
+    skipped. Bad base64 raises ``binascii.Error``, which becomes a SandboxError."""
+    if isinstance(workspace, str):
+        workspace = HostWorkspace(workspace)
     for name, content in files.items():
         if not isinstance(content, str) or "IGNORE_THIS_FILE" in name:
             continue
-        path = os.path.join(workdir, name)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as handle:
-            handle.write(base64.b64decode(content))
+        data = base64.b64decode(content)
+        relative = os.path.relpath(os.path.normpath(os.path.join(workspace.cwd, name)), workspace.cwd)
+        if relative != "." and not relative.startswith(".."):
+            # Inside the run's dir (most files): written straight into it.
+            path = os.path.join(workspace.host_cwd, name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as handle:
+                handle.write(data)
+        else:
+            workspace.write_file(os.path.join(workspace.cwd, name), data)
 
 
-def fetch_files(workdir: str, names: list[str]) -> dict[str, str]:
-    """Regular files among ``names``, base64-encoded and keyed by the exact string asked for."""
+def fetch_files(workspace: str | HostWorkspace | LayeredWorkspace, names: list[str]) -> dict[str, str]:
+    """Regular files among ``names`` as the run saw them, base64-encoded and keyed by the exact
+    string asked for."""
+    if isinstance(workspace, str):
+        workspace = HostWorkspace(workspace)
     fetched: dict[str, str] = {}
     for name in names:
-        path = os.path.abspath(os.path.join(workdir, name))
-        if os.path.isfile(path):
-            with open(path, "rb") as handle:
-                fetched[name] = base64.b64encode(handle.read()).decode("ascii")
+        content = workspace.read_file(os.path.abspath(os.path.join(workspace.cwd, name)))
+        if content is not None:
+            fetched[name] = base64.b64encode(content).decode("ascii")
     return fetched
 
 
@@ -334,9 +418,70 @@ def create_engine(
         budget=process_budget,
         memory_budget=memory_budget,
     )
-    env = program_environment(os.environ)
+    env = program_environment(os.environ, settings.run_env_keep)
     env["PATH"] = f"{Path(settings.python).parent}:{env.get('PATH', os.defpath)}"
+    try:
+        return _start_engine(settings, confinement, env)
+    except BaseException:
+        confinement.close()
+        raise
+
+
+def _start_engine(
+    settings: Settings, confinement: Confinement, env: dict[str, str]
+) -> tuple[ExecutionEngine, Confinement, Launcher]:
+    """The launcher and engine, with the isolation ``settings`` ask for where this host allows it;
+    ``auto`` proves ``lite`` with one real run before choosing it."""
+    hidden_variables = tuple(
+        sorted(k for k in os.environ if is_credential_variable(k) and k not in settings.run_env_keep)
+    )
+    reason = lite_unavailable_reason(confinement.name) if settings.isolation != "none" else "asked for"
+    if settings.isolation == "lite" and reason is not None:
+        raise IsolationError(f"isolation lite is not available here: {reason}")
+    if reason is None:
+        runs_root: RunsRoot | None = None
+        launcher: Launcher | None = None
+        try:
+            runs_root = RunsRoot(settings.tmp_root or tempfile.gettempdir())
+            hidden = tuple(_hidden_paths(settings, runs_root))
+            world = {
+                "scratch": runs_root.scratch,
+                "network": settings.run_network,
+                "hide": list(hidden),
+                "keep_caps": list(KEPT_CAPABILITIES),
+            }
+            launcher = Launcher(settings.python, env, world)
+            launcher.after_close.append(runs_root.close)
+            launcher.start()
+            isolation = Isolation("lite", settings.run_network, "", hidden, hidden_variables)
+            runner = ProcessRunner(confinement, launcher, settings.max_output_bytes)
+            engine = ExecutionEngine(settings, runner, confinement.describe(), isolation, runs_root)
+            engine.prove_isolation()
+            return engine, confinement, launcher
+        except (OSError, IsolationError) as exc:
+            if launcher is not None:
+                launcher.close()
+            if runs_root is not None:
+                runs_root.close()
+            if settings.isolation == "lite":
+                raise IsolationError(f"isolation lite does not work here: {exc}") from None
+            reason = f"lite failed its start-up run: {exc}"
     launcher = Launcher(settings.python, env)
     launcher.start()
     runner = ProcessRunner(confinement, launcher, settings.max_output_bytes)
-    return ExecutionEngine(settings, runner, confinement.describe()), confinement, launcher
+    why_none = "" if settings.isolation == "none" else reason or ""
+    isolation = Isolation("none", "host", why_none, (), hidden_variables)
+    return ExecutionEngine(settings, runner, confinement.describe(), isolation), confinement, launcher
+
+
+class IsolationError(RuntimeError):
+    """The isolation asked for cannot be had on this host; the message says why."""
+
+
+def _hidden_paths(settings: Settings, runs_root: RunsRoot) -> list[str]:
+    """What a run must find empty: the server user's credentials and the server's own state."""
+    paths = hidden_credential_paths()
+    for path in (settings.state_dir, settings.replay_file):
+        if path:
+            paths.append(os.path.abspath(path))
+    return paths

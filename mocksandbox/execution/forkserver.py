@@ -56,7 +56,7 @@ try:  # for the thread stacks of memory-limited programs (see _ThreadStackDefaul
 except ImportError:  # an interpreter built without libffi
     ctypes = None
 
-#: The cores programs get back when the server keeps the launcher to a share of them (argv[2],
+#: The cores programs get back when the server keeps the launcher to a share of them (--cpus=,
 #: ``0,1,3``; see ``mocksandbox/execution/affinity.py``), else ``None``: programs inherit ours.
 _PROGRAM_CPUS = None
 _STATUS_PID = b"P"
@@ -193,8 +193,19 @@ def _relay(sock: _socket.socket, request: dict, fds: list, ran_fd: int) -> None:
     """A relay's life: the run it was forked for, then each run the server sends on ``sock``, one
     at a time, until the server closes it; never returns."""
     _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)  # the launcher ignores it; we must wait
+    if _WORLD_CONFIG is not None and request.get("world") is not None:
+        global _WORLD
+        try:
+            _WORLD = _World(_WORLD_CONFIG, _SYSCALLS)
+        except OSError as exc:
+            # No world, no runs: this one is told why (on its stderr) and the relay leaves.
+            try:
+                os.write(fds[2], f"mocksandbox launcher: cannot make the run's world: {exc}\n".encode())
+            finally:
+                _report_launch_error(fds[3], exc.errno)
+                os._exit(0)
     while True:
-        _relay_one_run(request, fds)
+        _relay_one_run(request, fds, sock)
         try:  # "a run just happened": the launcher keeps the cgroup lock warm (_CgroupLockWarmer)
             os.write(ran_fd, b".")
         except OSError:
@@ -211,13 +222,27 @@ def _relay(sock: _socket.socket, request: dict, fds: list, ran_fd: int) -> None:
                 break
 
 
-def _relay_one_run(request: dict, fds: list) -> None:
+def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
     """Start the run's program, report its pid and, once it has exited, its wait status."""
     status_fd = fds[3]
+    world = request.get("world")
     try:
+        if world is not None:
+            if _WORLD is None:
+                raise OSError(95, "this launcher makes no worlds")  # EOPNOTSUPP
+            _WORLD.mount_run(world)
+            # The relay is PID 1 of its namespace: orphans come to it, and it must wait for them.
+            _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
         _THREAD_STACKS.prepare(request)
         pid = os.fork()
     except OSError as exc:  # EAGAIN: the host's or the server's process budget is spent
+        if world is not None:
+            try:  # why, first: the server reads it once the failure is reported
+                os.write(fds[2], f"mocksandbox launcher: cannot make the run's world: {exc}\n".encode())
+            except OSError:
+                pass
+            if _WORLD is not None:
+                _WORLD.unmount_run()
         _report_launch_error(status_fd, exc.errno)
         _close_all(fds)
         return
@@ -226,20 +251,86 @@ def _relay_one_run(request: dict, fds: list) -> None:
     _close_all(fds[:3])
     try:
         _write_all(status_fd, _STATUS_PID + pid.to_bytes(8, "little"))
-        while True:
-            try:
-                _, status = os.waitpid(pid, 0)
-                break
-            except InterruptedError:
-                continue
-            except ChildProcessError:
-                status = 255 << 8
-                break
+        status = _wait_in_world(pid, sock) if world is not None else _wait_for(pid)
         _write_all(status_fd, _STATUS_EXIT + status.to_bytes(8, "little", signed=True))
     except OSError:
         pass  # the server gave up on this run (it closed its end): nobody to tell
     finally:
         os.close(status_fd)
+        if world is not None:
+            _reap_orphans()
+            _WORLD.unmount_run()
+
+
+#: How often a world's relay reaps the run's dead orphans while the program runs.
+_ORPHAN_REAP_EVERY_MS = 20
+
+
+def _wait_for(pid: int) -> int:
+    """The wait status of our child ``pid``."""
+    while True:
+        try:
+            return os.waitpid(pid, 0)[1]
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            return 255 << 8
+
+
+def _wait_in_world(pid: int, sock: _socket.socket) -> int:
+    """The wait status of the program ``pid``, reaping the run's orphans meanwhile (they are ours:
+    the relay is PID 1 of the run's namespace). If the server goes away first (its end of our
+    socket closes: it was killed), the run goes too: every process of the namespace is killed, so
+    that no program outlives the server that started it."""
+    import select
+
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLRDHUP)
+    if pidfd is not None:
+        poller.register(pidfd, select.POLLIN)
+    try:
+        while True:
+            try:
+                done, status = os.waitpid(-1, os.WNOHANG if pidfd is not None else 0)
+            except InterruptedError:
+                continue
+            except ChildProcessError:
+                return 255 << 8
+            if done == pid:
+                return status
+            if done:
+                continue  # an orphan reaped: look again
+            try:
+                # Woken when the program exits (its pidfd) or the server leaves; and now and then
+                # to reap orphans that died meanwhile (a zombie counts against pids.max).
+                events = poller.poll(_ORPHAN_REAP_EVERY_MS)
+            except InterruptedError:
+                continue
+            if any(fd == sock.fileno() for fd, _ in events):
+                # A signal to -1 from a namespace's PID 1 reaches every other process in it.
+                os.kill(-1, _signal.SIGKILL)
+                poller.unregister(sock.fileno())
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def _reap_orphans() -> None:
+    """Between runs, the run's leftovers (killed by the server) are reaped by the kernel as they
+    die (SIGCHLD ignored), and those already dead now: a zombie still counts against pids.max."""
+    _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
+        except InterruptedError:
+            continue
 
 
 def _start_program(request: dict, fds: list) -> None:
@@ -254,12 +345,14 @@ def _start_program(request: dict, fds: list) -> None:
         # Joined here, by the program, rather than by the relay: the relay stays outside the run's
         # groups and can serve the next run. Nothing runs in the program before this line.
         _join_cgroups(request["cgroup_procs"])
+        if request.get("world") is not None:
+            _WORLD.enter(request["cwd"])
     except BaseException as exc:
-        # The run never started: said on the status pipe, and why on the run's stderr.
-        _report_launch_error(status_fd, getattr(exc, "errno", None))
+        # The run never started: why on the run's stderr, then said on the status pipe.
         try:
-            os.write(fds[2], f"mocksandbox launcher: cannot start the run: {exc!r}\n".encode())
+            os.write(fds[2], f"mocksandbox launcher: cannot start the run: {exc}\n".encode())
         finally:
+            _report_launch_error(status_fd, getattr(exc, "errno", None))
             os._exit(0)
     try:
         os.close(status_fd)
@@ -328,6 +421,260 @@ def _become_subreaper() -> bool:
         return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
+
+
+# -- a run's world (isolation "lite"; see mocksandbox/execution/world.py) ----------------------------
+#
+# Made of system calls, never of helper programs (unshare(1), mount(8) and ip(8) cost milliseconds
+# a run). What lasts is made once per relay: the launcher forks each relay as the first process
+# (PID 1) of a new PID namespace, and the relay enters new mount, network, IPC and UTS namespaces of
+# its own, mounts its /proc, hardens it, and builds the read-only pieces every run shares (a mask
+# layer, a read-only /sys, a /dev/pts). What is fresh is made per run: an overlay whose upper layer
+# the server made for this request, and the program chroot'ed into it with a reduced capability set.
+
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWUTS = 0x04000000
+_CLONE_NEWIPC = 0x08000000
+_CLONE_NEWPID = 0x20000000
+_CLONE_NEWNET = 0x40000000
+_MS_RDONLY = 1
+_MS_NOSUID = 2
+_MS_NODEV = 4
+_MS_NOEXEC = 8
+_MS_REMOUNT = 32
+_MS_BIND = 4096
+_MS_REC = 16384
+_MS_PRIVATE = 1 << 18
+_MNT_DETACH = 2
+_PR_CAPBSET_DROP = 24
+_CAP_LAST = 63
+_SIOCGIFFLAGS = 0x8913
+_SIOCSIFFLAGS = 0x8914
+_IFF_UP = 1
+#: The devices a run's /dev holds (name, major, minor): the harmless character devices.
+_DEVICES = (
+    ("null", 1, 3),
+    ("zero", 1, 5),
+    ("full", 1, 7),
+    ("random", 1, 8),
+    ("urandom", 1, 9),
+    ("tty", 5, 0),
+)
+_DEV_LINKS = (
+    ("fd", "/proc/self/fd"),
+    ("stdin", "/proc/self/fd/0"),
+    ("stdout", "/proc/self/fd/1"),
+    ("stderr", "/proc/self/fd/2"),
+    ("ptmx", "pts/ptmx"),
+)
+
+#: The launcher's world settings (``--world``), or ``None``: runs share the host's (isolation none).
+_WORLD_CONFIG = None
+#: Set in each relay that entered its world.
+_WORLD = None
+
+
+class _Syscalls:
+    """The libc calls the world needs, bound once in the launcher (forked relays share them)."""
+
+    def __init__(self) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        self.libc = libc
+        text = ctypes.c_char_p
+        libc.mount.argtypes = (text, text, text, ctypes.c_ulong, text)
+        libc.umount2.argtypes = (ctypes.c_char_p, ctypes.c_int)
+        libc.unshare.argtypes = (ctypes.c_int,)
+        libc.setns.argtypes = (ctypes.c_int, ctypes.c_int)
+        libc.prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
+
+        class _CapHeader(ctypes.Structure):
+            _fields_ = (("version", ctypes.c_uint32), ("pid", ctypes.c_int))
+
+        class _CapData(ctypes.Structure):
+            _fields_ = (
+                ("effective", ctypes.c_uint32),
+                ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32),
+            )
+
+        self._cap_header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
+        self._cap_data = (_CapData * 2)()
+        self._capset = libc.capset
+        self._capset_args = (ctypes.byref(self._cap_header), self._cap_data)
+
+    def _check(self, result: int, what: str) -> None:
+        if result != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"{what}: {os.strerror(error)}")
+
+    def unshare(self, flags: int) -> None:
+        self._check(self.libc.unshare(flags), "unshare")
+
+    def setns(self, fd: int, kind: int) -> None:
+        self._check(self.libc.setns(fd, kind), "setns")
+
+    def mount(self, source, target: str, fstype, flags: int, data=None) -> None:
+        encoded = (source and source.encode(), target.encode(), fstype and fstype.encode())
+        result = self.libc.mount(*encoded, flags, data and data.encode())
+        self._check(result, f"mount {fstype or source} on {target}")
+
+    def umount(self, target: str) -> None:
+        self._check(self.libc.umount2(target.encode(), _MNT_DETACH), f"umount {target}")
+
+    def drop_bounding_set(self, keep: set) -> None:
+        for cap in range(_CAP_LAST + 1):
+            dropped = cap in keep or self.libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) == 0
+            if not dropped and ctypes.get_errno() == 22:  # EINVAL: past the kernel's last capability
+                break
+
+    def prepare_capabilities(self, keep: set) -> None:
+        low = sum(1 << cap for cap in keep if cap < 32)
+        high = sum(1 << (cap - 32) for cap in keep if cap >= 32)
+        self._cap_data[0].effective = self._cap_data[0].permitted = low
+        self._cap_data[1].effective = self._cap_data[1].permitted = high
+
+    def reduce_capabilities(self) -> None:
+        """In a forked program: effective and permitted down to the kept set, nothing inheritable
+        (an ``execve`` gives root the bounding set anyway; a forked Python program execs nothing)."""
+        self._check(self._capset(*self._capset_args), "capset")
+
+
+class _World:
+    """One relay's namespaces, and the per-run overlay it mounts for each run that asks."""
+
+    def __init__(self, config: dict, calls: _Syscalls) -> None:
+        self.calls = calls
+        self.scratch = config["scratch"]
+        self.root = self.scratch + "/root"
+        self.mask = self.scratch + "/mask"
+        self.mounted = False
+        private_network = config.get("network", "private") == "private"
+        flags = _CLONE_NEWNS | _CLONE_NEWIPC | _CLONE_NEWUTS | (_CLONE_NEWNET if private_network else 0)
+        calls.unshare(flags)
+        calls.mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+        # This PID namespace's own /proc (the relay is its PID 1).
+        calls.mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+        if private_network:
+            self._loopback_up()
+            # No TIME_WAIT sockets: a run that binds the port an earlier run of this relay served on
+            # (without SO_REUSEADDR, as socketserver.TCPServer does) must not find it taken.
+            _write_text("/proc/sys/net/ipv4/tcp_max_tw_buckets", "0")
+        # Kernel tunables and the magic SysRq key stay out of reach of a root program.
+        calls.mount("/proc/sys", "/proc/sys", None, _MS_BIND | _MS_REC)
+        read_only = _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+        calls.mount(None, "/proc/sys", None, read_only)
+        if os.path.exists("/proc/sysrq-trigger"):
+            calls.mount("/dev/null", "/proc/sysrq-trigger", None, _MS_BIND)
+        calls.mount("tmpfs", self.scratch, "tmpfs", _MS_NOSUID, "mode=0700,size=8m")
+        for name in ("mask", "sys", "pts", "root"):
+            os.mkdir(self.scratch + "/" + name, 0o755)
+        calls.mount("sysfs", self.scratch + "/sys", "sysfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+        try:
+            pts_options = "newinstance,ptmxmode=0666,mode=0620"
+            calls.mount("devpts", self.scratch + "/pts", "devpts", _MS_NOSUID | _MS_NOEXEC, pts_options)
+            self.has_pts = True
+        except OSError:
+            self.has_pts = False
+        self._build_mask(config.get("hide", []))
+        self.keep_caps = set(config["keep_caps"])
+        calls.drop_bounding_set(self.keep_caps)
+        calls.prepare_capabilities(self.keep_caps)
+
+    @staticmethod
+    def _loopback_up() -> None:
+        import fcntl
+        import struct
+
+        sock = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM)
+        try:
+            request = struct.pack("16sH", b"lo", 0)
+            flags = struct.unpack("16sH", fcntl.ioctl(sock.fileno(), _SIOCGIFFLAGS, request)[:18])[1]
+            fcntl.ioctl(sock.fileno(), _SIOCSIFFLAGS, struct.pack("16sH", b"lo", flags | _IFF_UP))
+        finally:
+            sock.close()
+
+    def _mask_dir(self, path: str, opaque: bool) -> str:
+        """``path`` made in the mask layer with its host attributes (the topmost layer holding a
+        directory gives it its mode and owner), parents included."""
+        target = self.mask + path
+        if not os.path.isdir(target):
+            parent = os.path.dirname(path)
+            if parent != path:
+                self._mask_dir(parent, False)
+            if not os.path.isdir(target):
+                info = os.stat(path) if os.path.isdir(path) else None
+                os.mkdir(target)
+                if info is not None:
+                    os.chmod(target, info.st_mode & 0o7777)
+                    os.chown(target, info.st_uid, info.st_gid)
+        if opaque:
+            os.setxattr(target, "trusted.overlay.opaque", b"y")
+        return target
+
+    def _build_mask(self, hidden: list) -> None:
+        """The layer between each run's upper layer and the host: a /dev of harmless devices, and
+        every hidden path (secrets, the server's state) present but empty."""
+        dev = self._mask_dir("/dev", True)
+        for name, major, minor in _DEVICES:
+            os.mknod(dev + "/" + name, 0o666 | 0o020000, os.makedev(major, minor))
+            os.chmod(dev + "/" + name, 0o666)
+        for name, target in _DEV_LINKS:
+            os.symlink(target, dev + "/" + name)
+        for name, mode in (("shm", 0o1777), ("pts", 0o755), ("mqueue", 0o1777)):
+            os.mkdir(dev + "/" + name)
+            os.chmod(dev + "/" + name, mode)
+        for path in hidden:
+            try:
+                info = os.lstat(path)
+            except OSError:
+                continue  # nothing there to hide (a run may make it, in its own layer)
+            import stat as _stat
+
+            if _stat.S_ISDIR(info.st_mode):
+                self._mask_dir(path, True)
+            else:
+                self._mask_dir(os.path.dirname(path), False)
+                fd = os.open(self.mask + path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, info.st_mode & 0o7777)
+                os.close(fd)
+                os.chown(self.mask + path, info.st_uid, info.st_gid)
+
+    def mount_run(self, world: dict) -> None:
+        """The run's root: its layers over the mask over the host, with /proc, /sys and /dev/pts."""
+        if self.mounted:  # the last run's, if its unmount failed
+            self.unmount_run()
+        lowers = ":".join([*world["lowers"], self.mask, "/"])
+        # No redirects, no index: what the server reads back through the layers (world.py) only
+        # has whiteouts and opaque dirs to follow.
+        options = f"lowerdir={lowers},upperdir={world['upper']},workdir={world['work']}"
+        options += ",redirect_dir=off,index=off"
+        self.calls.mount("overlay", self.root, "overlay", 0, options)
+        self.mounted = True
+        self.calls.mount("/proc", self.root + "/proc", None, _MS_BIND | _MS_REC)
+        self.calls.mount(self.scratch + "/sys", self.root + "/sys", None, _MS_BIND)
+        if self.has_pts:
+            self.calls.mount(self.scratch + "/pts", self.root + "/dev/pts", None, _MS_BIND)
+
+    def unmount_run(self) -> None:
+        if self.mounted:
+            try:
+                self.calls.umount(self.root)
+            except OSError:
+                pass
+            self.mounted = False
+
+    def enter(self, cwd: str) -> None:
+        """In the forked program: into the run's root, with the kept capabilities only."""
+        os.chroot(self.root)
+        os.chdir(cwd)
+        self.calls.reduce_capabilities()
+
+
+def _write_text(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
 
 
 # -- the warm Python path --------------------------------------------------------------------------
@@ -609,6 +956,8 @@ def _serve(sock: _socket.socket) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's Ctrl-C is the server's business
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     warmer = _CgroupLockWarmer()
+    # With worlds, each relay is the first process of a PID namespace of its own.
+    own_pid_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC) if _WORLD_CONFIG else None
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLIN)
     poller.register(ran_r, select.POLLIN)
@@ -640,7 +989,8 @@ def _serve(sock: _socket.socket) -> None:
             if request is None:
                 continue
             try:
-                pid = os.fork()
+                # A relay serves runs of one kind: in worlds (it lives in one) or on the host.
+                pid = _fork_relay(own_pid_namespace if request.get("world") is not None else None)
             except OSError as exc:
                 _report_launch_error(fds[3], exc.errno)
                 _close_all(fds)
@@ -659,8 +1009,33 @@ def _serve(sock: _socket.socket) -> None:
             _close_all(fds)
 
 
+def _fork_relay(own_pid_namespace: int | None) -> int:
+    """Fork a relay: with worlds, as PID 1 of a new PID namespace (``unshare`` sets where the
+    launcher's next child goes; ``setns`` puts it back, so the launcher itself never moves)."""
+    if own_pid_namespace is None:
+        return os.fork()
+    _SYSCALLS.unshare(_CLONE_NEWPID)
+    try:
+        pid = os.fork()
+    except BaseException:
+        _SYSCALLS.setns(own_pid_namespace, _CLONE_NEWPID)
+        raise
+    if pid == 0:
+        os.close(own_pid_namespace)
+    else:
+        _SYSCALLS.setns(own_pid_namespace, _CLONE_NEWPID)
+    return pid
+
+
+_SYSCALLS: "_Syscalls"
+
+
 if __name__ == "__main__":
     _open_missing_std_fds()
-    if len(sys.argv) > 2:
-        _PROGRAM_CPUS = {int(cpu) for cpu in sys.argv[2].split(",")}
+    for option in sys.argv[2:]:
+        if option.startswith("--cpus="):
+            _PROGRAM_CPUS = {int(cpu) for cpu in option.removeprefix("--cpus=").split(",")}
+        elif option.startswith("--world="):
+            _WORLD_CONFIG = json.loads(option.removeprefix("--world="))
+            _SYSCALLS = _Syscalls()
     _serve(_socket.socket(fileno=int(sys.argv[1])))

@@ -9,7 +9,7 @@ import os
 import socket
 import subprocess
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +27,21 @@ class LauncherError(RuntimeError):
 class Launcher:
     """One launcher process, restarted when it dies. Thread-safe."""
 
-    def __init__(self, python: str, env: Mapping[str, str]) -> None:
+    def __init__(self, python: str, env: Mapping[str, str], world: Mapping[str, Any] | None = None) -> None:
         self.python = python
         self.env = dict(env)
+        #: The world settings relays are made with (see ``world.py``); ``None``: runs share the host's.
+        self.world = dict(world) if world is not None else None
+        #: Called by :meth:`close` after the launcher stopped (what its relays' worlds rest on).
+        self.after_close: list[Callable[[], None]] = []
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._idle_relays: list[socket.socket] = []
+        #: Relays made with a world (PID 1 of their own PID namespace, in namespaces of their own):
+        #: they serve runs that ask for one (``request["world"]``) and no others.
+        self._idle_world_relays: list[socket.socket] = []
+        self._world_relays: set[socket.socket] = set()
         self._closed = False
         self.restarts = 0
 
@@ -42,7 +50,9 @@ class Launcher:
         argv = [self.python, str(FORKSERVER_SCRIPT), str(theirs.fileno())]
         cpus = program_cpus()
         if cpus is not None:  # a worker kept to its share: the programs get every core back
-            argv.append(format_cpus(cpus))
+            argv.append(f"--cpus={format_cpus(cpus)}")
+        if self.world is not None:
+            argv.append(f"--world={json.dumps(self.world)}")
         try:
             self._proc = subprocess.Popen(
                 argv,
@@ -73,35 +83,46 @@ class Launcher:
         back with :meth:`release` once the run's status pipe is closed."""
         message = json.dumps(request).encode()
         ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+        in_world = request.get("world") is not None
+        idle = self._idle_world_relays if in_world else self._idle_relays
         while True:
             with self._lock:
-                relay = self._idle_relays.pop() if self._idle_relays else None
+                relay = idle.pop() if idle else None
             if relay is None:
                 break
             try:
                 relay.sendmsg([message], ancillary)
                 return relay
             except OSError:
-                relay.close()  # it died between runs (killed from outside): try another
+                self._close_relay(relay)  # it died between runs (killed from outside): try another
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        if in_world:
+            with self._lock:
+                self._world_relays.add(ours)
         try:
             with_relay = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [*fds, theirs.fileno()]))]
             self._send_to_launcher(message, with_relay)
         except BaseException:
-            ours.close()
+            self._close_relay(ours)
             raise
         finally:
             theirs.close()
         return ours
 
+    def _close_relay(self, relay: socket.socket) -> None:
+        with self._lock:
+            self._world_relays.discard(relay)
+        relay.close()
+
     def release(self, relay: socket.socket, reusable: bool) -> None:
         """Take back the relay of a finished run: kept for the next run when ``reusable`` (it
         reported the run's end and closed the status pipe), closed otherwise (it then leaves)."""
         with self._lock:
-            if reusable and not self._closed and len(self._idle_relays) < IDLE_RELAYS:
-                self._idle_relays.append(relay)
+            idle = self._idle_world_relays if relay in self._world_relays else self._idle_relays
+            if reusable and not self._closed and len(idle) < IDLE_RELAYS:
+                idle.append(relay)
                 return
-        relay.close()
+        self._close_relay(relay)
 
     def _send_to_launcher(self, message: bytes, ancillary: list[tuple[int, int, array.array[int]]]) -> None:
         with self._lock:
@@ -133,7 +154,9 @@ class Launcher:
         busy with a run leaves when that run is given back)."""
         with self._lock:
             self._closed = True
-            idle, self._idle_relays = self._idle_relays, []
+            idle, self._idle_relays = self._idle_relays + self._idle_world_relays, []
+            self._idle_world_relays = []
+            self._world_relays.clear()
             for relay in idle:
                 relay.close()
             if self._sock is not None:
@@ -146,12 +169,14 @@ class Launcher:
                     self._proc.kill()
                     self._proc.wait()
                 self._proc = None
+        for callback in self.after_close:
+            callback()
 
     @property
     def idle_relays(self) -> int:
         """How many relays wait for a run (each one a child of the launcher)."""
         with self._lock:
-            return len(self._idle_relays)
+            return len(self._idle_relays) + len(self._idle_world_relays)
 
     @property
     def pid(self) -> int | None:

@@ -22,6 +22,7 @@ import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from mocksandbox.execution.confinement import Confinement, ProcessGroupJail, RunJail
 from mocksandbox.execution.launcher import Launcher, close_quietly
@@ -90,6 +91,9 @@ class CommandSpec:
     memory_limit_mb: int = -1
     #: Run this Python file in a forked warm interpreter instead of ``command`` (fork mode).
     python_file: str | None = None
+    #: The run's layers (isolation lite, see ``world.py``): its relay mounts them as the program's
+    #: root; ``None``: the program runs in the host's file system.
+    world: Mapping[str, Any] | None = None
 
 
 #: ``return_code`` when the relay died before reporting (a program killed its parent): SIGKILL.
@@ -107,22 +111,25 @@ _LAUNCH_RETRY_MAX_S = 0.25
 class LaunchError(RuntimeError):
     """A run that could not be started; the message says why (the run reports an ``Error``)."""
 
-    def __init__(self, error: int, attempts: int, waited: float) -> None:
+    def __init__(self, error: int, attempts: int, waited: float, detail: str = "") -> None:
         self.errno = error
         cause = f"[Errno {error}] {os.strerror(error)}" if error else "the launcher could not start it"
         retried = f" (tried {attempts} times over {waited:.2f} s)" if attempts > 1 else ""
         budget = (
             ": no process or memory left in this server's budget" if error in _RETRYABLE_LAUNCH_ERRORS else ""
         )
-        super().__init__(f"cannot start the program{budget}, {cause}{retried}")
+        said = f" ({detail})" if detail else ""
+        super().__init__(f"cannot start the program{budget}, {cause}{said}{retried}")
 
 
 class _LaunchFailed(Exception):
-    """The relay or the launcher reported (``E``) that the run could not be started."""
+    """The relay or the launcher reported (``E``) that the run could not be started; ``detail``:
+    what it said why on the run's stderr (``mocksandbox launcher: ...``)."""
 
-    def __init__(self, error: int) -> None:
+    def __init__(self, error: int, detail: str = "") -> None:
         super().__init__(error)
         self.errno = error
+        self.detail = detail
 
 
 class _StatusReader:
@@ -194,12 +201,12 @@ class ProcessRunner:
                 # Time spent on failed attempts comes off the run's own timeout.
                 return self._run_in(jail, spec, spec.timeout - (time.monotonic() - first_try))
             except _LaunchFailed as failed:
-                error = failed.errno
+                error, detail = failed.errno, failed.detail
             finally:
                 jail.close()
             now = time.monotonic()
             if error not in _RETRYABLE_LAUNCH_ERRORS or now + pause >= give_up_at:
-                raise LaunchError(error, attempts, now - first_try)
+                raise LaunchError(error, attempts, now - first_try, detail)
             time.sleep(pause)
             pause = min(pause * 2, _LAUNCH_RETRY_MAX_S)
 
@@ -217,6 +224,7 @@ class ProcessRunner:
             "cgroup_procs": jail.procs_files,
             "warm_procs_file": jail.warm_procs_file,
             "memory_limit_mb": spec.memory_limit_mb,
+            "world": None if spec.world is None else dict(spec.world),
         }
         try:
             relay = self.launcher.launch(request, [stdin_r, stdout_w, stderr_w, status_w])
@@ -283,7 +291,7 @@ class ProcessRunner:
             else:
                 timed_out, elapsed = False, exited_at - started
             if status.launch_error is not None:
-                raise _LaunchFailed(status.launch_error)
+                raise _LaunchFailed(status.launch_error, self._launcher_said(selector, stderr_fd, streams))
             if status.pid is not None and isinstance(jail, ProcessGroupJail):
                 jail.attach(status.pid)
             if not timed_out:
@@ -350,6 +358,22 @@ class ProcessRunner:
                     self._read_status(selector, fd, status)
                 elif fd in streams:
                     self._read_into(selector, fd, streams)
+
+    def _launcher_said(
+        self, selector: selectors.BaseSelector, stderr_fd: int, streams: dict[int, CapturedStream]
+    ) -> str:
+        """Why the launcher could not start a run, as it wrote on the run's stderr (it writes
+        that before it reports the failure and then closes the pipe, so it is there to read)."""
+        deadline = time.monotonic() + _RELAY_DONE_GRACE_S
+        while stderr_fd in selector.get_map() and time.monotonic() < deadline:
+            if selector.select(deadline - time.monotonic()):
+                self._read_into(selector, stderr_fd, streams)
+        lines = [
+            line
+            for line in streams[stderr_fd].text().splitlines()
+            if line.startswith("mocksandbox launcher: ")
+        ]
+        return lines[-1].removeprefix("mocksandbox launcher: ") if lines else ""
 
     @staticmethod
     def _read_status(selector: selectors.BaseSelector, fd: int, status: _StatusReader) -> bool:

@@ -218,7 +218,12 @@ def test_in_flight_chart_rises_under_a_burst(
     # Each program holds its slot until the test creates the release file: the chart must show
     # them held, however slow the machine, and the test ends them when it is done looking.
     release = tmp_path / "release"
-    program = f"import os, time\nwhile not os.path.exists({str(release)!r}):\n    time.sleep(0.02)\nprint('released')"
+    # (Its dir is listed, not the file looked up: in a run's world the host is an overlayfs lower
+    # layer, which keeps a lookup's negative answer; a dir only the host holds lists afresh.)
+    program = (
+        f"import os, time\nwhile {release.name!r} not in os.listdir({str(release.parent)!r}):\n"
+        "    time.sleep(0.02)\nprint('released')"
+    )
     statuses: list[int] = []
 
     def send() -> None:

@@ -12,6 +12,7 @@ from mocksandbox.execution.budget import MemoryBudget, ProcessBudget
 from mocksandbox.execution.confinement import CgroupConfinement, Confinement
 from mocksandbox.execution.engine import ExecutionEngine, create_engine
 from mocksandbox.execution.launcher import Launcher
+from mocksandbox.execution.world import lite_unavailable_reason
 from mocksandbox.settings import Settings, load_settings
 
 
@@ -22,17 +23,27 @@ def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(
     scope="module",
-    params=[("cgroup", "fork"), ("cgroup", "spawn"), ("process-group", "fork")],
+    params=[
+        ("cgroup", "fork", "lite"),
+        ("cgroup", "spawn", "lite"),
+        ("cgroup", "fork", "none"),
+        ("cgroup", "spawn", "none"),
+        ("process-group", "fork", "none"),
+    ],
     ids=lambda p: "-".join(p),
 )
 def sandbox(request: pytest.FixtureRequest, runs_dir: Path) -> Iterator[MockSandbox]:
-    """The real engine under each confinement this host offers, in both execution modes."""
-    mode, exec_mode = request.param
+    """The real engine under each confinement this host offers, in both execution modes, with
+    and without a world of its own per run (isolation lite where this host allows it)."""
+    mode, exec_mode, isolation = request.param
     if mode == "cgroup" and not CgroupConfinement.available():
         pytest.skip("cgroup v1 pids/memory/freezer controllers are not writable here")
-    overrides = {"tmp_root": str(runs_dir), "confinement": mode, "exec_mode": exec_mode}
+    if isolation == "lite" and (reason := lite_unavailable_reason(mode)) is not None:
+        pytest.skip(reason)
+    overrides = {"tmp_root": str(runs_dir), "confinement": mode, "exec_mode": exec_mode, "isolation": isolation}
     box = MockSandbox.create(load_settings(overrides=overrides))
     assert box.confinement.name == mode
+    assert box.engine.isolation.mode == isolation
     yield box
     box.close()
 
@@ -43,19 +54,26 @@ def budgeted_engine(tmp_path: Path) -> Iterator[Callable[..., ExecutionEngine]]:
     server makes its own); each is closed after the test."""
     if not CgroupConfinement.available():
         pytest.skip("cgroup v1 pids/memory/freezer controllers are not writable here")
-    made: list[tuple[Confinement, Launcher]] = []
+    made: list[tuple[ExecutionEngine, Confinement, Launcher]] = []
 
     def make(
         process_budget: ProcessBudget | None = None,
         memory_budget: MemoryBudget | None = None,
         exec_mode: str = "fork",
+        isolation: str = "auto",
     ) -> ExecutionEngine:
-        settings = Settings(tmp_root=str(tmp_path), exec_mode=exec_mode, confinement="cgroup")  # type: ignore[arg-type]
+        settings = Settings(
+            tmp_root=str(tmp_path),
+            exec_mode=exec_mode,  # type: ignore[arg-type]
+            confinement="cgroup",
+            isolation=isolation,  # type: ignore[arg-type]
+        )
         engine, confinement, launcher = create_engine(settings, process_budget, memory_budget)
-        made.append((confinement, launcher))
+        made.append((engine, confinement, launcher))
         return engine
 
     yield make
-    for confinement, launcher in made:
+    for engine, confinement, launcher in made:
         launcher.close()
+        engine.close()
         confinement.close()

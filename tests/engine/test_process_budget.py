@@ -30,7 +30,9 @@ def launcher_cgroup(
 ) -> Iterator[tuple[ExecutionEngine, Path]]:
     """A real engine whose launcher (and so every relay it forks) was moved into a pids cgroup of
     its own, whose ``pids.max`` the test sets; moved back and the group removed after it."""
-    engine = budgeted_engine(exec_mode="fork")
+    # Isolation none: lite proves itself with a run at start-up, whose relay (idle, outside the
+    # group the test starves) would serve the test's run.
+    engine = budgeted_engine(exec_mode="fork", isolation="none")
     launcher = engine.runner.launcher  # type: ignore[attr-defined]
     home = own_cgroup_dir("pids")
     group = home / f"mocksandbox-test-starved-{uuid.uuid4().hex[:8]}"

@@ -99,7 +99,8 @@ def test_runs_through_the_engine_reuse_dirs_and_a_program_cannot_redirect_the_ne
     target = tmp_path / "target"
     target.mkdir()
     (target / "precious").write_text("keep me")
-    box = MockSandbox.create(load_settings(overrides={"tmp_root": str(runs)}))
+    # Isolation none: the temp dirs on the host are what is tested here (lite has layers instead).
+    box = MockSandbox.create(load_settings(overrides={"tmp_root": str(runs), "isolation": "none"}))
     try:
 
         def cwd_of(code: str) -> str:

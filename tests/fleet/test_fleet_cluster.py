@@ -141,8 +141,13 @@ def test_a_first_3_rule_fails_exactly_three_requests_fleet_wide(fleet: MockSandb
 
 def held_until(barrier: Path, i: int) -> str:
     """A program that stays in flight until the test creates ``barrier`` (every node of the
-    simulated cluster is this machine), then prints ``i``."""
-    return f"import os, time\nwhile not os.path.exists({str(barrier)!r}):\n    time.sleep(0.02)\nprint({i})"
+    simulated cluster is this machine), then prints ``i``. It lists the barrier's dir rather than
+    look the file up: in a run's world (isolation lite) the host is an overlayfs lower layer, whose
+    lookups keep a negative answer, while a dir only the host holds is listed afresh each time."""
+    return (
+        f"import os, time\nwhile {barrier.name!r} not in os.listdir({str(barrier.parent)!r}):\n"
+        f"    time.sleep(0.02)\nprint({i})"
+    )
 
 
 def test_the_cap_holds_across_replicas(fleet: MockSandboxHandle, tmp_path: Path) -> None:
@@ -336,7 +341,7 @@ def test_a_killed_replica_fails_its_requests_only_and_gives_back_its_permits(
             assert entry.outcome == "lost"
             print("killed replica's request:", reply.status_code, reply.text[:300])
         else:
-            assert reply.status_code == 200 and reply.json()["run_result"]["stdout"] == code[-2] + "\n"
+            assert reply.status_code == 200 and reply.json()["run_result"]["stdout"] == code[-2] + "\n", reply.text
     assert fleet.stats()["in_flight"] == 0
     events = [str(e.body) for e in fleet.requests() if e.method == "EVENT" and victim in str(e.body)]
     assert events and "died" in events[-1] and "cap permit(s) given back" in events[-1], events

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -64,10 +65,21 @@ class ServeProcess:
         return parent
 
 
-def start_serve(*args: str, cgroup: Path | None = None, runs_dir: Path | None = None) -> ServeProcess:
+def start_serve(
+    *args: str, cgroup: Path | None = None, runs_dir: Path | None = None, pid_namespace: bool = False
+) -> ServeProcess:
     """``mocksandbox serve --port 0 ARGS``, ready (its banner read up to "press Ctrl-C"), in
-    ``cgroup`` and with its runs' temp dirs in ``runs_dir`` if given."""
+    ``cgroup`` and with its runs' temp dirs in ``runs_dir`` if given.
+
+    With ``pid_namespace``, the server is PID 1 of a PID namespace of its own (``unshare --pid``):
+    for tests of hostile programs, so that one that escaped its run could signal nothing but the
+    server and its own kind, never this machine's other processes. Stop it with :func:`stop_serve`
+    (the signal goes to the whole session, the server included)."""
     command = [sys.executable, "-m", "mocksandbox.cli", "serve", "--port", "0", *args]
+    if pid_namespace:
+        if shutil.which("unshare") is None:
+            pytest.skip("unshare(1) is not installed: no PID namespace for a hostile-program server")
+        command = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", *command]
     if cgroup is not None:
         # The shell moves itself into the cgroup, then becomes the server: everything it starts
         # (launcher, relays, runs) is charged there from the first instruction.
@@ -77,6 +89,7 @@ def start_serve(*args: str, cgroup: Path | None = None, runs_dir: Path | None = 
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        start_new_session=pid_namespace,
         env={
             **os.environ,
             "NO_PROXY": "127.0.0.1",
@@ -99,7 +112,10 @@ def start_serve(*args: str, cgroup: Path | None = None, runs_dir: Path | None = 
 def stop_serve(process: subprocess.Popen[str], timeout: float = 60) -> None:
     """Ctrl-C, as a user stops it; killed if it does not stop within ``timeout``."""
     if process.poll() is None:
-        process.send_signal(signal.SIGINT)
+        if process.args[0] == "unshare":  # type: ignore[index]
+            os.killpg(process.pid, signal.SIGINT)  # unshare(1) waits; the server is in its session
+        else:
+            process.send_signal(signal.SIGINT)
     try:
         process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -144,7 +160,11 @@ def kill_and_remove(group: Path) -> None:
 
 
 def _kept_empty(path: Path) -> bool:
-    """An empty real dir, mode 0700: one the server keeps for a later run."""
+    """An empty real dir, mode 0700, that the server keeps for a later run; or the tmpfs of an
+    isolation-lite server holding no request's layers (only its lock file and the relays' mount
+    point)."""
+    if path.name.startswith("mocksandbox-") and os.path.ismount(path):
+        return sorted(p.name for p in path.iterdir()) == [".owner", ".world"]
     if path.is_symlink() or not path.is_dir() or path.stat().st_mode & 0o777 != 0o700:
         return False
     return next(path.iterdir(), None) is None

@@ -1,0 +1,523 @@
+"""A run's world (DESIGN seam 8): what a program can see and touch, made before it starts and gone
+with it.
+
+Two isolation modes, chosen once per server (setting ``isolation``):
+
+``none``  today's behaviour: programs run in the host's file system, network and process table
+          (SandboxFusion's ``isolation: none``).
+``lite``  SandboxFusion's ``lite`` isolation, made of system calls instead of a dozen ``sudo``
+          subprocesses per run, and safer:
+
+  * **Files.** Each request gets a *slot* on a tmpfs the server mounts for itself
+    (``<tmp root>/mocksandbox-<id>``): one overlay upper layer per command of the request (setup,
+    compile, run), each command's layers stacked over the last ones', a mask layer and the host's
+    root file system (read-only through the overlay). The server writes the code and ``files``
+    into the first layer and reads ``fetch_files`` through the layers as the run saw them
+    (:class:`LayeredWorkspace`); everything goes when the request ends. The runs' slots are not
+    on the root file system, so no run sees another's.
+  * **Processes.** Every relay of the launcher is PID 1 of a PID namespace of its own and serves
+    one run at a time: a run sees its own processes and the relay (which no signal from inside can
+    reach), ``kill(-1)`` ends only its own. The relay reaps the run's orphans.
+  * **Network.** A network namespace per relay with only loopback, up: a run serves and reaches
+    its own ports, two runs can bind one port at once, and nothing of the host (its loopback
+    services, this server's API) is reachable. ``run_network: host`` keeps the host's network.
+  * IPC and UTS namespaces per relay.
+  * **Secrets.** The server user's credential dirs and files (``~/.ssh``, ``~/.aws``, ...), the
+    server's state dir and cassettes look empty (the mask layer), and credential-like environment
+    variables are left out of the run's environment unless ``run_env_keep`` names them.
+  * **Privileges.** Runs stay root (as on SandboxFusion) but keep only Docker's default capability
+    set less ``CAP_MKNOD`` and ``CAP_SYS_CHROOT``: no mounts, no raw devices, no chroot escape, no
+    reading the relay's ``/proc/1/root``. ``/proc/sys`` is read-only, ``/proc/sysrq-trigger`` is
+    ``/dev/null``, ``/sys`` is a read-only sysfs without cgroups, ``/dev`` holds only ``null``,
+    ``zero``, ``full``, ``random``, ``urandom``, ``tty`` and a private ``pts``.
+
+``auto`` is ``lite`` where this host allows it (root, cgroup confinement, overlayfs, namespaces;
+proved by one real run at start-up), else ``none`` with the reason.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import random
+import re
+import secrets
+import shutil
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Capabilities a run keeps (Docker's default set less CAP_MKNOD and CAP_SYS_CHROOT): numbers from
+#: linux/capability.h. CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, SETGID, SETUID, SETPCAP,
+#: NET_BIND_SERVICE, NET_RAW, AUDIT_WRITE, SETFCAP.
+KEPT_CAPABILITIES = (0, 1, 3, 4, 5, 6, 7, 8, 10, 13, 29, 31)
+
+#: The server user's credentials, relative to its home: they appear empty to a run.
+CREDENTIAL_PATHS = (
+    ".ssh",
+    ".aws",
+    ".azure",
+    ".config/gcloud",
+    ".docker",
+    ".kube",
+    ".netrc",
+    ".gnupg",
+    ".pypirc",
+    ".git-credentials",
+    ".config/gh",
+    ".config/hub",
+    ".npmrc",
+    ".cargo/credentials",
+    ".cargo/credentials.toml",
+    ".cache/huggingface/token",
+    ".huggingface",
+    ".config/rclone",
+    ".terraform.d",
+    ".vault-token",
+)
+
+_CREDENTIAL_WORDS = re.compile(
+    r"TOKEN|SECRET|PASSW(OR)?D|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|AUTH|SESSION_?KEY", re.IGNORECASE
+)
+#: Prefixes of the usual clouds' and hubs' variables (their names do not always say "secret").
+_CREDENTIAL_PREFIXES = (
+    "AWS_",
+    "AZURE_",
+    "GOOGLE_",
+    "GCLOUD_",
+    "GCP_",
+    "HF_",
+    "HUGGING_FACE_",
+    "HUGGINGFACE_",
+    "OPENAI_",
+    "ANTHROPIC_",
+    "GITHUB_",
+    "GH_",
+    "GITLAB_",
+    "WANDB_",
+    "DOCKER_",
+    "NPM_",
+    "PYPI_",
+    "TWINE_",
+    "KUBECONFIG",
+    "VAULT_",
+    "DATABRICKS_",
+    "SSH_AUTH_SOCK",
+)
+
+
+def is_credential_variable(name: str) -> bool:
+    """Whether an environment variable's name looks like it holds a credential."""
+    upper = name.upper()
+    return bool(_CREDENTIAL_WORDS.search(upper)) or upper.startswith(_CREDENTIAL_PREFIXES)
+
+
+def without_credentials(environ: Mapping[str, str], keep: list[str] | tuple[str, ...] = ()) -> dict[str, str]:
+    """``environ`` without the variables that look like credentials, but for those ``keep`` names."""
+    kept = set(keep)
+    return {k: v for k, v in environ.items() if k in kept or not is_credential_variable(k)}
+
+
+def hidden_credential_paths(home: str | None = None) -> list[str]:
+    """The credential paths of the server's user that exist here."""
+    home = home if home is not None else os.path.expanduser("~")
+    paths = [os.path.join(home, relative) for relative in CREDENTIAL_PATHS]
+    return [path for path in paths if os.path.lexists(path)]
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """The isolation in force, and why (shown in the banner)."""
+
+    mode: str  # "lite" or "none"
+    network: str = "private"
+    #: Why ``auto`` chose ``none`` (and what it would take), else empty.
+    reason: str = ""
+    hidden_paths: tuple[str, ...] = ()
+    hidden_variables: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        if self.mode == "none":
+            because = f" ({self.reason})" if self.reason else ""
+            return f"none: runs share this host's files, processes and network{because}"
+        network = "own loopback only" if self.network == "private" else "the host's network"
+        return (
+            "lite: every run in a world of its own (copy-on-write files, own PID, IPC and UTS "
+            f"namespaces; network: {network})"
+        )
+
+    def describe_hidden(self) -> str:
+        paths = ", ".join(self.hidden_paths) or "none here"
+        variables = ", ".join(self.hidden_variables) or "none here"
+        return f"hidden from runs: paths {paths}; variables {variables}"
+
+
+def lite_unavailable_reason(confinement_name: str) -> str | None:
+    """Why ``lite`` cannot work here (``None``: it may; the start-up run proves it)."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "lite needs root (run the server as root, e.g. in a container)"
+    if confinement_name != "cgroup":
+        return "lite needs cgroup confinement (writable v1 pids, memory and freezer controllers)"
+    try:
+        filesystems = Path("/proc/filesystems").read_text()
+    except OSError:
+        return "no /proc/filesystems here"
+    if "overlay" not in filesystems:
+        return "lite needs overlayfs (modprobe overlay)"
+    for kind in ("mnt", "pid", "net", "ipc", "uts"):
+        if not os.path.exists(f"/proc/self/ns/{kind}"):
+            return f"this kernel has no {kind} namespaces"
+    return None
+
+
+# -- the runs' tmpfs ---------------------------------------------------------------------------------
+
+_RUNS_ROOT_PREFIX = "mocksandbox-"
+_OWNER_FILE = ".owner"
+_UMOUNT_DETACH = 2
+
+
+def _umount(path: str) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.umount2(os.fsencode(path), _UMOUNT_DETACH) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), path)
+
+
+def _mount_tmpfs(path: str, options: str) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    nosuid_nodev = 2 | 4
+    if libc.mount(b"tmpfs", os.fsencode(path), b"tmpfs", nosuid_nodev, options.encode()) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"cannot mount a tmpfs on {path}: {os.strerror(code)}")
+
+
+class RunsRoot:
+    """The tmpfs holding every request's layers, mounted at ``<tmp root>/mocksandbox-<random>``.
+
+    Its name is random (never derived from a pid, which repeats in every container); a lock held
+    on its ``.owner`` file while the server lives tells a later server whether it is stale.
+    """
+
+    def __init__(self, parent: str) -> None:
+        self.parent = parent
+        reclaim_stale_runs_roots(parent)
+        while True:
+            path = os.path.join(parent, _RUNS_ROOT_PREFIX + secrets.token_hex(6))
+            try:
+                os.mkdir(path, 0o700)
+                break
+            except FileExistsError:
+                continue
+        self.path = path
+        self._closed = False
+        try:
+            _mount_tmpfs(path, "mode=0700")
+        except OSError:
+            os.rmdir(path)
+            raise
+        self._owner = os.open(os.path.join(path, _OWNER_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        #: Where each relay mounts its own scratch tmpfs (in its private mount namespace).
+        self.scratch = os.path.join(path, ".world")
+        os.mkdir(self.scratch, 0o700)
+
+    def new_slot(self) -> str:
+        while True:
+            slot = os.path.join(self.path, secrets.token_hex(8))
+            try:
+                os.mkdir(slot, 0o700)
+                return slot
+            except FileExistsError:
+                continue
+
+    def close(self) -> None:
+        """Unmount the tmpfs (lazily: a run still being torn down keeps it until it is gone).
+        Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            os.close(self._owner)
+        except OSError:
+            pass
+        try:
+            _umount(self.path)
+        except OSError:
+            pass
+        try:
+            os.rmdir(self.path)
+        except OSError:
+            pass
+
+
+def reclaim_stale_runs_roots(parent: str) -> list[str]:
+    """Unmount and remove the runs' tmpfs of servers that died without doing it (SIGKILL): those
+    whose ``.owner`` lock nobody holds. Returns what was reclaimed."""
+    reclaimed: list[str] = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return reclaimed
+    for name in names:
+        if not name.startswith(_RUNS_ROOT_PREFIX):
+            continue
+        path = os.path.join(parent, name)
+        if not os.path.ismount(path):
+            continue
+        try:
+            owner = os.open(os.path.join(path, _OWNER_FILE), os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            continue  # not one of ours
+        try:
+            fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # alive
+        finally:
+            os.close(owner)
+        try:
+            _umount(path)
+            os.rmdir(path)
+            reclaimed.append(path)
+        except OSError:
+            pass
+    return reclaimed
+
+
+# -- one request's files -----------------------------------------------------------------------------
+
+_NAME_CHARACTERS = "abcdefghijklmnopqrstuvwxyz0123456789_"
+_MAX_SYMLINKS = 40
+
+
+class HostWorkspace:
+    """Isolation ``none``: the request's temp dir on the host, as SandboxFusion's."""
+
+    def __init__(self, cwd: str, pool: Any = None) -> None:
+        #: The ``WorkdirPool`` the dir came from (and goes back to), if any.
+        self._pool = pool
+        self.cwd = cwd
+        #: Where the cwd's contents are written from the server: the cwd itself.
+        self.host_cwd = cwd
+
+    def write_file(self, view_path: str, data: bytes) -> None:
+        os.makedirs(os.path.dirname(view_path), exist_ok=True)
+        with open(view_path, "wb") as handle:
+            handle.write(data)
+
+    def read_file(self, view_path: str) -> bytes | None:
+        if not os.path.isfile(view_path):
+            return None
+        with open(view_path, "rb") as handle:
+            return handle.read()
+
+    def next_command(self) -> dict[str, Any] | None:
+        return None
+
+    def close(self, code_path: str | None) -> None:
+        if self._pool is not None:
+            self._pool.give_back(self.cwd, code_path)
+
+
+@dataclass
+class _Found:
+    kind: str  # "dir", "file", "other"
+    host: str | None  # the file's path on the server (None: empty)
+    #: For a dir: the layers to look further in, top first, as (host root, is the lower).
+    layers: list[tuple[str, bool]] = field(default_factory=list)
+
+
+class LayeredWorkspace:
+    """Isolation ``lite``: one request's layers, and its files as its runs see them.
+
+    Layer *k* (``<slot>/<k>/u``, with its overlay work dir ``<slot>/<k>/w``) is the upper layer of
+    the request's *k*-th command; the earlier ones are its lower layers, over the mask and the
+    host's root file system. The server writes the code and the ``files`` into layer 0 before the
+    first command, and reads ``fetch_files`` through all of them after the last.
+    """
+
+    def __init__(self, runs_root: RunsRoot, view_tmp_root: str, hidden_paths: tuple[str, ...]) -> None:
+        self.slot = runs_root.new_slot()
+        self._layers: list[str] = []
+        self._commands = 0
+        self._hidden = hidden_paths
+        self._root_device = os.stat("/").st_dev
+        self._add_layer()
+        name = "tmp" + "".join(random.choices(_NAME_CHARACTERS, k=8))
+        self.cwd = os.path.join(view_tmp_root, name)
+        self.host_cwd = self._host(self.cwd, 0)
+        self._make_dirs(os.path.dirname(self.cwd))
+        os.mkdir(self.host_cwd, 0o700)
+
+    def _add_layer(self) -> None:
+        base = os.path.join(self.slot, str(len(self._layers)))
+        os.mkdir(base)
+        os.mkdir(os.path.join(base, "u"), 0o755)
+        os.mkdir(os.path.join(base, "w"), 0o700)
+        self._layers.append(os.path.join(base, "u"))
+
+    def _host(self, view_path: str, layer: int) -> str:
+        return self._layers[layer] + view_path
+
+    def _make_dirs(self, view_dir: str) -> None:
+        """``view_dir`` and its parents as real dirs in layer 0, each with the attributes the run
+        would see (the topmost layer holding a dir gives it its mode and owner)."""
+        parts = [p for p in view_dir.split("/") if p]
+        current = ""
+        for part in parts:
+            current += "/" + part
+            host = self._host(current, 0)
+            if os.path.isdir(host):
+                continue
+            found = self._lookup(current)
+            os.mkdir(host)
+            if found is not None and found.kind == "dir" and found.host is not None:
+                info = os.stat(found.host)
+                os.chmod(host, stat.S_IMODE(info.st_mode))
+                os.chown(host, info.st_uid, info.st_gid)
+
+    # -- the server's writes and reads ------------------------------------------------------------
+
+    def write_file(self, view_path: str, data: bytes) -> None:
+        """Write a file where the run will see it at ``view_path`` (an absolute ``files`` key):
+        its parent is looked up as the run would (symlinks followed inside the run's view)."""
+        parent = self.resolve(os.path.dirname(view_path)) or os.path.normpath(os.path.dirname(view_path))
+        self._make_dirs(parent)
+        with open(self._host(os.path.join(parent, os.path.basename(view_path)), 0), "wb") as handle:
+            handle.write(data)
+
+    def read_file(self, view_path: str) -> bytes | None:
+        """The regular file the run sees at ``view_path``, or ``None``."""
+        found = self._lookup(view_path)
+        if found is None or found.kind != "file":
+            return None
+        if found.host is None:
+            return b""
+        with open(found.host, "rb") as handle:
+            return handle.read()
+
+    def resolve(self, view_path: str) -> str | None:
+        """``view_path`` with every symlink followed in the run's view, or ``None`` if missing."""
+        result = self._walk(view_path, 0)
+        return None if result is None else result[0]
+
+    def _lookup(self, view_path: str) -> _Found | None:
+        result = self._walk(view_path, 0)
+        return None if result is None else result[1]
+
+    def _top_layers(self) -> list[tuple[str, bool]]:
+        return [(layer, False) for layer in reversed(self._layers)] + [("", True)]
+
+    def _hidden_kind(self, view_path: str) -> str | None:
+        """``dir``/``file`` when the mask covers ``view_path`` (it is hidden or below a hidden
+        dir: those below are gone), ``below`` for a path inside a hidden dir, else ``None``."""
+        if view_path == "/dev" or view_path.startswith("/dev/"):
+            return "dir" if view_path == "/dev" else "below"
+        for hidden in self._hidden:
+            if view_path == hidden:
+                return "dir" if os.path.isdir(hidden) else "file"
+            if view_path.startswith(hidden + "/"):
+                return "below"
+        return None
+
+    def _walk(self, view_path: str, depth: int) -> tuple[str, _Found] | None:
+        if depth > _MAX_SYMLINKS:
+            return None
+        parts = [p for p in os.path.normpath(view_path).split("/") if p and p != "."]
+        current = "/"
+        found = _Found("dir", "/", self._top_layers())
+        for index, part in enumerate(parts):
+            if found.kind != "dir":
+                return None
+            if part == "..":
+                parent = os.path.dirname(current)
+                rest = "/".join(parts[index + 1 :])
+                return self._walk(os.path.join(parent, rest), depth)
+            candidate = os.path.join(current, part)
+            step = self._step(candidate, found.layers)
+            if step is None:
+                return None
+            if step.kind == "symlink":
+                assert step.host is not None
+                target = os.readlink(step.host)
+                base = target if target.startswith("/") else os.path.join(current, target)
+                rest = "/".join(parts[index + 1 :])
+                return self._walk(os.path.join(base, rest) if rest else base, depth + 1)
+            current, found = candidate, step
+        return current, found
+
+    def _step(self, candidate: str, layers: list[tuple[str, bool]]) -> _Found | None:
+        """Look ``candidate`` up in ``layers`` (top first) as overlayfs does."""
+        below: list[tuple[str, bool]] = []
+        kind: str | None = None
+        host: str | None = None
+        for root, is_lower in layers:
+            if is_lower:
+                hidden = self._hidden_kind(candidate)
+                if hidden == "below":
+                    break
+                if hidden is not None:
+                    if kind is None:
+                        return _Found(hidden, None, [])
+                    break  # an opaque mask dir: nothing of the host below it
+            path = root + candidate
+            try:
+                info = os.lstat(path)
+            except OSError:
+                continue
+            if is_lower and info.st_dev != self._root_device:
+                continue  # another file system mounted here: the run sees the root's dir under it
+            if kind is None:
+                if stat.S_ISCHR(info.st_mode) and info.st_rdev == 0:
+                    return None  # a whiteout: deleted by the run
+                if stat.S_ISLNK(info.st_mode):
+                    return _Found("symlink", path)
+                if not stat.S_ISDIR(info.st_mode):
+                    return _Found("file" if stat.S_ISREG(info.st_mode) else "other", path)
+                kind, host = "dir", path
+                below.append((root, is_lower))
+                if not is_lower and _is_opaque(path):
+                    break
+            elif stat.S_ISDIR(info.st_mode):
+                below.append((root, is_lower))
+                if not is_lower and _is_opaque(path):
+                    break
+            else:
+                break  # a non-dir under a dir ends the merge
+        if kind is None:
+            return None
+        return _Found(kind, host, below)
+
+    # -- the commands ----------------------------------------------------------------------------
+
+    def next_command(self) -> dict[str, Any]:
+        """The layers of the request's next command (sent to the relay): a new upper layer over
+        the ones the earlier commands wrote."""
+        if self._commands:
+            self._add_layer()
+        self._commands += 1
+        upper = self._layers[-1]
+        return {
+            "upper": upper,
+            "work": os.path.join(os.path.dirname(upper), "w"),
+            "lowers": list(reversed(self._layers[:-1])),
+        }
+
+    def close(self, code_path: str | None = None) -> None:
+        shutil.rmtree(self.slot, ignore_errors=True)
+
+
+def _is_opaque(path: str) -> bool:
+    try:
+        return os.getxattr(path, "trusted.overlay.opaque", follow_symlinks=False) == b"y"
+    except OSError as error:
+        if error.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
+            return False
+        return False

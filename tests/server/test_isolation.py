@@ -1,0 +1,334 @@
+"""Every run in a world of its own (isolation lite, the default where the host allows it), tried
+as a user would: a real ``mocksandbox serve`` with its default settings, hostile programs sent over
+HTTP.
+
+The server runs as PID 1 of a PID namespace of the test's own (``start_serve(pid_namespace=True)``):
+a program that escaped its world could signal nothing but the server, never this machine. Canary
+files and listeners are the test's own.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import requests
+from serve_process import NO_PROXY, ServeProcess, start_serve, stop_serve
+
+from mocksandbox.execution.confinement import CgroupConfinement
+from mocksandbox.execution.world import lite_unavailable_reason
+
+pytestmark = pytest.mark.skipif(
+    lite_unavailable_reason("cgroup" if CgroupConfinement.available() else "process-group") is not None,
+    reason=f"isolation lite is not available here: {lite_unavailable_reason('cgroup')}",
+)
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A home dir of the test's own holding credential canaries, the server's ``HOME``."""
+    home = tmp_path_factory.mktemp("home")
+    (home / ".ssh").mkdir(mode=0o700)
+    (home / ".ssh" / "id_ed25519").write_text("CANARY-SSH-KEY\n")
+    (home / ".aws").mkdir()
+    (home / ".aws" / "credentials").write_text("[default]\naws_secret_access_key = CANARY-AWS\n")
+    (home / ".netrc").write_text("machine example.com password CANARY-NETRC\n")
+    return home
+
+
+@pytest.fixture(scope="module")
+def server(home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+    saved = {
+        name: os.environ.get(name) for name in ("HOME", "MY_SERVICE_API_TOKEN", "HF_TOKEN", "KEEP_ME_TOKEN")
+    }
+    os.environ.update(
+        {
+            "HOME": str(home),
+            "MY_SERVICE_API_TOKEN": "CANARY-ENV",
+            "HF_TOKEN": "CANARY-HF",
+            "KEEP_ME_TOKEN": "kept",
+        }
+    )
+    try:
+        process = start_serve("--run-env-keep", "KEEP_ME_TOKEN", pid_namespace=True)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    yield process
+    stop_serve(process.process)
+
+
+def stdout_of(answer: dict[str, object]) -> str:
+    result = answer["run_result"]
+    assert isinstance(result, dict), answer
+    return str(result["stdout"])
+
+
+def test_the_banner_says_what_is_in_force(server: ServeProcess) -> None:
+    text = "".join(server.banner)
+    assert "isolation: lite" in text and "own loopback only" in text
+    assert "hidden from runs" in text and ".ssh" in text and "MY_SERVICE_API_TOKEN" in text
+    assert "KEEP_ME_TOKEN" not in text
+
+
+def test_host_files_can_be_neither_changed_nor_planted(server: ServeProcess, tmp_path: Path) -> None:
+    canary = tmp_path / "canary"
+    canary.write_text("keep me")
+    planted = [f"/etc/mocksandbox-planted-{os.getpid()}", f"/root/mocksandbox-planted-{os.getpid()}"]
+    code = (
+        "import os, shutil\n"
+        f"os.remove({str(canary)!r})\n"
+        f"shutil.rmtree({str(tmp_path)!r}, ignore_errors=True)\n"
+        f"for path in {planted!r}: open(path, 'w').write('x')\n"
+        "open('/tmp/left-by-a-run', 'w').write('x')\n"
+        f"print(os.path.exists({str(canary)!r}), all(os.path.exists(p) for p in {planted!r}))"
+    )
+    answer = server.run(code, files={"/opt/planted-by-files": base64.b64encode(b"x").decode()})
+    assert stdout_of(answer) == "False True\n", answer
+    assert canary.read_text() == "keep me"
+    assert not any(os.path.exists(path) for path in [*planted, "/opt/planted-by-files"])
+    # A later run sees nothing an earlier one wrote, in /tmp or anywhere.
+    later = server.run(
+        f"import os\nprint(os.path.exists('/tmp/left-by-a-run'), os.path.exists({planted[0]!r}))"
+    )
+    assert stdout_of(later) == "False False\n"
+
+
+def test_absolute_files_and_fetch_files_round_trip_in_the_runs_view(server: ServeProcess) -> None:
+    code = (
+        "import os\n"
+        "data = open('/data/in.txt').read()\n"
+        "os.makedirs('/results', exist_ok=True)\n"
+        "open('/results/out.txt', 'w').write(data.upper())\n"
+        "os.symlink('/results/out.txt', 'link.txt')\n"
+        "open('relative.txt', 'w').write('here')\n"
+    )
+    answer = server.run(
+        code,
+        files={"/data/in.txt": base64.b64encode(b"hello").decode()},
+        fetch_files=["/results/out.txt", "link.txt", "relative.txt", "/data/in.txt", "/results/missing"],
+    )
+    files = {name: base64.b64decode(value) for name, value in answer["files"].items()}  # type: ignore[union-attr]
+    assert files == {
+        "/results/out.txt": b"HELLO",
+        "link.txt": b"HELLO",  # followed in the run's view, not the host's
+        "relative.txt": b"here",
+        "/data/in.txt": b"hello",
+    }
+    assert not os.path.exists("/results/out.txt") and not os.path.exists("/data/in.txt")
+
+
+def test_secrets_stay_out(server: ServeProcess, home: Path) -> None:
+    code = (
+        "import os, glob\n"
+        f"print(sorted(os.listdir({str(home / '.ssh')!r})), sorted(os.listdir({str(home / '.aws')!r})))\n"
+        f"print(repr(open({str(home / '.netrc')!r}).read()))\n"
+        "print(sorted(k for k in os.environ if 'TOKEN' in k))\n"
+    )
+    out = stdout_of(server.run(code))
+    assert "CANARY" not in out
+    assert out.splitlines() == ["[] []", "''", "['KEEP_ME_TOKEN']"]
+    # fetch_files reads what the run sees, so it cannot read them either.
+    answer = server.run("pass", fetch_files=[str(home / ".ssh" / "id_ed25519"), str(home / ".netrc")])
+    assert answer["files"] == {str(home / ".netrc"): ""}
+
+
+def test_no_host_loopback_service_nor_the_control_api_is_reachable(server: ServeProcess) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    api_port = int(server.url.rsplit(":", 1)[1])
+    try:
+        code = (
+            "import socket\n"
+            f"for port in ({port}, {api_port}):\n"
+            "    try:\n"
+            "        socket.create_connection(('127.0.0.1', port), timeout=2).close(); print('reached')\n"
+            "    except OSError as error: print(type(error).__name__)\n"
+            "try:\n"
+            "    socket.create_connection(('192.0.2.1', 80), timeout=2); print('reached')\n"
+            "except OSError as error: print(type(error).__name__)\n"
+        )
+        out = stdout_of(server.run(code))
+    finally:
+        listener.close()
+    assert out.splitlines() == ["ConnectionRefusedError", "ConnectionRefusedError", "OSError"]
+
+
+def test_a_run_serves_and_reaches_its_own_ports_and_two_runs_bind_one_port(server: ServeProcess) -> None:
+    # SandboxFusion's test_isolation_network_server_port_conflict, in substance: both at once.
+    code = (
+        "import socket, socketserver, threading, time, urllib.request, http.server\n"
+        "class Handler(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        self.send_response(200); self.end_headers(); self.wfile.write(b'special string')\n"
+        "    def log_message(self, *args): pass\n"
+        "server = socketserver.TCPServer(('', 18123), Handler)\n"
+        "threading.Thread(target=server.serve_forever, daemon=True).start()\n"
+        "time.sleep(0.5)\n"
+        "for host in ('127.0.0.1', 'localhost'):\n"
+        "    print(urllib.request.urlopen(f'http://{host}:18123', timeout=5).read().decode())\n"
+    )
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda _: server.run(code), range(2)))
+    for answer in answers:
+        assert stdout_of(answer) == "special string\nspecial string\n", answer
+    # And again at once: the port an earlier run served on is free for the next.
+    assert stdout_of(server.run(code)) == "special string\nspecial string\n"
+
+
+def test_a_run_sees_and_signals_only_its_own_processes(server: ServeProcess) -> None:
+    code = (
+        "import os, signal\n"
+        "pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
+        "print(pids[0], os.getpid() in pids, len(pids) < 5)\n"
+        "os.kill(1, signal.SIGKILL)\n"
+        "try:\n"
+        "    os.kill(-1, signal.SIGKILL)\n"
+        "except ProcessLookupError:\n"
+        "    pass  # nothing else to signal\n"
+        "print('still here')\n"
+    )
+    assert stdout_of(server.run(code)) == "1 True True\nstill here\n"
+    answer = server.run("pkill -9 -f mocksandbox; pkill -9 python; kill -9 -1; echo done", language="bash")
+    assert server.process.poll() is None
+    assert requests.get(f"{server.url}/v1/ping", timeout=10, proxies=NO_PROXY).status_code == 200
+    assert answer["run_result"] is not None
+    # The relay (PID 1 of the run's namespace) is out of a run's reach: no /proc/1/root, no environ.
+    code = (
+        "for path in ('/proc/1/root/etc/hostname', '/proc/1/environ'):\n"
+        "    try:\n"
+        "        open(path).read(); print('read')\n"
+        "    except OSError as error: print(type(error).__name__)\n"
+    )
+    assert stdout_of(server.run(code)) == "PermissionError\nPermissionError\n"
+
+
+def test_a_root_program_cannot_reach_the_host_through_devices_mounts_or_the_kernel(
+    server: ServeProcess,
+) -> None:
+    code = (
+        "import os, subprocess\n"
+        "print(sorted(os.listdir('/dev')))\n"
+        "for command in (['mount', '-t', 'tmpfs', 'x', '/mnt'], ['mknod', '/tmp/disk', 'b', '8', '0'],\n"
+        "                ['sh', '-c', 'echo 1 > /proc/sys/vm/drop_caches'], ['chroot', '/', 'true'],\n"
+        "                ['sh', '-c', 'echo 0 > /sys/kernel/profiling']):\n"
+        "    print(subprocess.run(command, capture_output=True).returncode != 0)\n"
+        "print(not os.path.exists('/proc/sysrq-trigger') or open('/proc/sysrq-trigger').read() == '')\n"
+    )
+    lines = stdout_of(server.run(code)).splitlines()
+    assert eval(lines[0]) == sorted(
+        [
+            "fd",
+            "full",
+            "mqueue",
+            "null",
+            "ptmx",
+            "pts",
+            "random",
+            "shm",
+            "stderr",
+            "stdin",
+            "stdout",
+            "tty",
+            "urandom",
+            "zero",
+        ]
+    )
+    assert lines[1:] == ["True"] * 6
+
+
+def test_fork_bomb_and_memory_hog_leave_the_server_answering(server: ServeProcess) -> None:
+    bomb = server.run(":(){ :|:& };:", language="bash", run_timeout=2)
+    assert bomb["run_result"] is not None
+    hog = server.run("x = bytearray(8 * 1024**3)\nprint('survived')", run_timeout=10)
+    assert hog["status"] == "Failed"
+    assert stdout_of(server.run("print('alive')")) == "alive\n"
+
+
+def test_a_server_killed_with_sigkill_starts_again_and_answers_its_first_run(tmp_path: Path) -> None:
+    """A server killed with SIGKILL leaves its cgroups and its runs' tmpfs; the next one, with the
+    same pid (PID 1 of its namespace, as in every container), steps around or reclaims them."""
+    first = start_serve(pid_namespace=True, runs_dir=tmp_path)
+    try:
+        assert stdout_of(first.run("print(1)")) == "1\n"
+    finally:
+        os.killpg(first.process.pid, signal.SIGKILL)
+        first.process.wait()
+    leftovers = [p for p in tmp_path.iterdir() if p.name.startswith("mocksandbox-")]
+    second = start_serve(pid_namespace=True, runs_dir=tmp_path)
+    try:
+        assert stdout_of(second.run("print(2)")) == "2\n"
+        assert stdout_of(second.run("print(3)", language="python")) == "3\n"
+        # What the first one left was reclaimed at start.
+        assert not any(os.path.ismount(path) for path in leftovers)
+    finally:
+        stop_serve(second.process)
+    deadline = time.monotonic() + 10
+    while any(os.path.ismount(p) for p in tmp_path.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [p for p in tmp_path.iterdir() if os.path.ismount(p)] == []
+
+
+def test_isolation_none_is_todays_behaviour(tmp_path: Path) -> None:
+    server = start_serve("--isolation", "none", pid_namespace=True)
+    marker = tmp_path / "written-by-a-run"
+    try:
+        assert "isolation: none" in "".join(server.banner)
+        server.run(f"open({str(marker)!r}, 'w').write('x')")
+    finally:
+        stop_serve(server.process)
+    assert marker.read_text() == "x"
+
+
+def test_a_killed_server_leaves_no_program_running(tmp_path: Path) -> None:
+    """The relay of a world is PID 1 of the run's namespace and watches the server: when the server
+    dies mid-run (SIGKILL, the OOM killer), the run's processes die with it."""
+    server = start_serve()
+    marker = f"{os.getpid()}{time.monotonic_ns() % 10**6}"
+    code = f"import subprocess, time\nsubprocess.Popen(['sleep', '300.{marker}'])\ntime.sleep(300)"
+    pool = ThreadPoolExecutor(1)
+    try:
+        pool.submit(
+            lambda: requests.post(
+                f"{server.url}/run_code",
+                json={"code": code, "language": "python"},
+                proxies=NO_PROXY,
+                timeout=30,
+            )
+        )
+        deadline = time.monotonic() + 20
+        while not processes_with(f"300.{marker}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert processes_with(f"300.{marker}"), "the program did not start"
+    finally:
+        server.process.kill()
+        server.process.wait()
+        pool.shutdown(wait=False, cancel_futures=True)
+    deadline = time.monotonic() + 10
+    while processes_with(f"300.{marker}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_with(f"300.{marker}") == []
+
+
+def processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if marker.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                    found.append(int(entry))
+            except OSError:
+                pass
+    return found
