@@ -48,6 +48,8 @@ test: lint typecheck browser
 	$(BIN)/python -m pytest contract_tests -n 2 -p no:cacheprovider
 	# ... and against a mock of two worker processes over one control state (serve --workers 2).
 	MOCKSANDBOX_WORKERS=2 $(BIN)/python -m pytest contract_tests -n 2 -p no:cacheprovider
+	# ... and against one whose runs share the host (isolation none, SandboxFusion's own mode).
+	MOCKSANDBOX_ISOLATION=none $(BIN)/python -m pytest contract_tests -n 2 -p no:cacheprovider
 
 # The same without the slow suites (pytester runs, Ray clusters), for a quick local loop.
 test-fast: lint typecheck

@@ -70,6 +70,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"mocksandbox: {exc}", file=sys.stderr)
         return 2
     from mocksandbox.datasets import DatasetLoadError
+    from mocksandbox.execution.engine import IsolationError
     from mocksandbox.faults import FaultError
     from mocksandbox.sessions import SessionError
 
@@ -113,7 +114,7 @@ def _serve(args: argparse.Namespace) -> int:
         return _serve_workers(settings)
     try:
         sandbox = MockSandbox.create(settings)
-    except (FaultError, SessionError) as exc:
+    except (FaultError, SessionError, IsolationError) as exc:
         print(f"mocksandbox: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:

@@ -39,9 +39,9 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
 import os
 import random
-import re
 import secrets
 import shutil
 import stat
@@ -79,32 +79,34 @@ CREDENTIAL_PATHS = (
     ".vault-token",
 )
 
-_CREDENTIAL_WORDS = re.compile(
-    r"TOKEN|SECRET|PASSW(OR)?D|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|AUTH|SESSION_?KEY", re.IGNORECASE
+#: Words (``_``-separated parts of a name) that say a variable holds a credential: ``GITHUB_TOKEN``,
+#: ``DB_PASSWORD``, ``AZURE_CLIENT_SECRET``; not ``TOKENIZERS_PARALLELISM``.
+_CREDENTIAL_WORDS = frozenset(
+    {
+        "TOKEN",
+        "TOKENS",
+        "SECRET",
+        "SECRETS",
+        "PASSWORD",
+        "PASSWD",
+        "CREDENTIAL",
+        "CREDENTIALS",
+        "APIKEY",
+        "AUTH",
+    }
 )
-#: Prefixes of the usual clouds' and hubs' variables (their names do not always say "secret").
+#: Word pairs that say it too: ``OPENAI_API_KEY``, ``AWS_ACCESS_KEY_ID``.
+_CREDENTIAL_PAIRS = frozenset({("API", "KEY"), ("ACCESS", "KEY"), ("PRIVATE", "KEY"), ("SESSION", "KEY")})
+#: Prefixes of the clouds' variables, whose credentials do not always say so in their names.
 _CREDENTIAL_PREFIXES = (
     "AWS_",
     "AZURE_",
     "GOOGLE_",
     "GCLOUD_",
     "GCP_",
-    "HF_",
-    "HUGGING_FACE_",
-    "HUGGINGFACE_",
-    "OPENAI_",
-    "ANTHROPIC_",
-    "GITHUB_",
-    "GH_",
-    "GITLAB_",
-    "WANDB_",
-    "DOCKER_",
-    "NPM_",
-    "PYPI_",
-    "TWINE_",
-    "KUBECONFIG",
     "VAULT_",
     "DATABRICKS_",
+    "KUBECONFIG",
     "SSH_AUTH_SOCK",
 )
 
@@ -112,7 +114,12 @@ _CREDENTIAL_PREFIXES = (
 def is_credential_variable(name: str) -> bool:
     """Whether an environment variable's name looks like it holds a credential."""
     upper = name.upper()
-    return bool(_CREDENTIAL_WORDS.search(upper)) or upper.startswith(_CREDENTIAL_PREFIXES)
+    if upper.startswith(_CREDENTIAL_PREFIXES):
+        return True
+    words = upper.split("_")
+    return any(word in _CREDENTIAL_WORDS for word in words) or any(
+        pair in _CREDENTIAL_PAIRS for pair in itertools.pairwise(words)
+    )
 
 
 def without_credentials(environ: Mapping[str, str], keep: list[str] | tuple[str, ...] = ()) -> dict[str, str]:

@@ -1,0 +1,170 @@
+"""The parts of a run's world that need no namespace: reading a request's files back through its
+layers as overlayfs shows them, writing absolute ``files`` into them, and what looks like a secret."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mocksandbox.execution.world import (
+    LayeredWorkspace,
+    RunsRoot,
+    is_credential_variable,
+    without_credentials,
+)
+
+
+class _Slots:
+    """Stands in for :class:`RunsRoot` (no tmpfs needed to read layers back)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def new_slot(self) -> str:
+        slot = self.path / f"slot{len(list(self.path.iterdir()))}"
+        slot.mkdir()
+        return str(slot)
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Path:
+    """A host tree on the root file system (the lowest layer), under the test's own dir."""
+    root = tmp_path / "host"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc" / "config").write_text("host config")
+    (root / "secret").mkdir()
+    (root / "secret" / "key").write_text("CANARY")
+    (root / "lib-real").mkdir()
+    (root / "lib-real" / "libc.so").write_text("libc")
+    (root / "lib").symlink_to("lib-real")
+    return root
+
+
+def workspace(tmp_path: Path, host: Path) -> LayeredWorkspace:
+    if os.stat(tmp_path).st_dev != os.stat("/").st_dev:
+        pytest.skip("the test's tmp dir is not on the root file system, the lowest layer")
+    slots = _Slots(tmp_path / "slots")
+    slots.path.mkdir(exist_ok=True)
+    return LayeredWorkspace(slots, str(tmp_path / "view-tmp"), (str(host / "secret"),))  # type: ignore[arg-type]
+
+
+def test_the_cwd_is_made_in_the_first_layer_with_a_fresh_name(tmp_path: Path, host: Path) -> None:
+    first, second = workspace(tmp_path, host), workspace(tmp_path, host)
+    assert first.cwd != second.cwd and os.path.basename(first.cwd).startswith("tmp")
+    assert Path(first.host_cwd).is_dir() and first.host_cwd.endswith(first.cwd)
+    assert oct(os.stat(first.host_cwd).st_mode & 0o777) == "0o700"
+
+
+def test_reads_go_through_the_layers_top_first(tmp_path: Path, host: Path) -> None:
+    space = workspace(tmp_path, host)
+    assert space.read_file(str(host / "etc" / "config")) == b"host config"  # the host, read through
+    space.next_command()
+    layer = space.next_command()  # the second command's layer is on top
+    upper = Path(layer["upper"])
+    (upper / str(host / "etc")[1:]).mkdir(parents=True)
+    (upper / str(host / "etc" / "config")[1:]).write_text("changed by the run")
+    assert space.read_file(str(host / "etc" / "config")) == b"changed by the run"
+    assert layer["lowers"] == [str(Path(layer["upper"]).parent.parent / "0" / "u")]
+
+
+def test_a_whiteout_hides_and_an_opaque_dir_empties(tmp_path: Path, host: Path) -> None:
+    space = workspace(tmp_path, host)
+    upper = Path(space.next_command()["upper"])
+    etc = upper / str(host / "etc")[1:]
+    etc.mkdir(parents=True)
+    os.mknod(etc / "config", 0o600 | 0o020000, os.makedev(0, 0))  # what overlayfs leaves for rm
+    assert space.read_file(str(host / "etc" / "config")) is None
+    os.unlink(etc / "config")
+    os.setxattr(etc, "trusted.overlay.opaque", b"y")  # what it leaves for rm -r; mkdir
+    assert space.read_file(str(host / "etc" / "config")) is None
+    (etc / "config").write_text("new")
+    assert space.read_file(str(host / "etc" / "config")) == b"new"
+
+
+def test_symlinks_are_followed_in_the_runs_view(tmp_path: Path, host: Path) -> None:
+    space = workspace(tmp_path, host)
+    assert space.read_file(str(host / "lib" / "libc.so")) == b"libc"
+    upper = Path(space.next_command()["upper"])
+    # The run points a link at a secret of the host: it reads what the run sees there (empty).
+    (upper / space.cwd[1:] / "link").symlink_to(host / "secret" / "key")
+    assert space.read_file(os.path.join(space.cwd, "link")) is None
+    assert space.read_file(str(host / "secret" / "key")) is None
+    assert space.resolve(str(host / "lib")) == str(host / "lib-real")
+
+
+def test_an_absolute_file_is_written_where_the_run_sees_it(tmp_path: Path, host: Path) -> None:
+    space = workspace(tmp_path, host)
+    space.write_file(str(host / "lib" / "extra.so"), b"x")  # through the host's symlink
+    space.write_file(str(tmp_path / "new" / "dir" / "f.txt"), b"y")
+    assert space.read_file(str(host / "lib-real" / "extra.so")) == b"x"
+    assert space.read_file(str(tmp_path / "new" / "dir" / "f.txt")) == b"y"
+    assert not (host / "lib-real" / "extra.so").exists()  # the host is untouched
+    # The dirs made in the layer keep the host's mode, as the run would see them.
+    made = Path(space.host_cwd).parents[-2]  # a top-level dir of the layer
+    assert made.is_dir()
+
+
+def test_other_file_systems_are_not_read_through(tmp_path: Path, host: Path) -> None:
+    space = workspace(tmp_path, host)
+    assert space.read_file("/proc/self/status") is None  # a mount: the run has its own there
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "GITHUB_TOKEN",
+        "OPENAI_API_KEY",
+        "AWS_SECRET_ACCESS_KEY",
+        "HF_TOKEN",
+        "DB_PASSWORD",
+        "my_secret",
+        "SSH_AUTH_SOCK",
+    ],
+)
+def test_credential_variables_are_recognised(name: str) -> None:
+    assert is_credential_variable(name)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["PATH", "HOME", "LANG", "PYTHONPATH", "CUDA_VISIBLE_DEVICES", "TOKENIZERS_PARALLELISM", "HF_HOME"],
+)
+def test_ordinary_variables_are_kept(name: str) -> None:
+    assert not is_credential_variable(name)
+    assert without_credentials({name: "v"}) == {name: "v"}
+
+
+def test_a_named_credential_is_kept() -> None:
+    assert without_credentials({"HF_TOKEN": "t", "PATH": "/bin"}, keep=["HF_TOKEN"]) == {
+        "HF_TOKEN": "t",
+        "PATH": "/bin",
+    }
+    assert without_credentials({"HF_TOKEN": "t", "PATH": "/bin"}) == {"PATH": "/bin"}
+
+
+@given(st.dictionaries(st.from_regex(r"[A-Z_]{1,12}", fullmatch=True), st.text(max_size=5)))
+def test_without_credentials_keeps_exactly_what_is_not_one_or_is_named(environ: dict[str, str]) -> None:
+    keep = sorted(environ)[:1]
+    kept = without_credentials(environ, keep)
+    assert set(kept) == {k for k in environ if k in keep or not is_credential_variable(k)}
+
+
+def test_a_runs_root_of_a_dead_server_is_reclaimed(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    live = RunsRoot(str(tmp_path))
+    dead = RunsRoot(str(tmp_path))
+    os.close(dead._owner)  # as if its server died: nobody holds its lock
+    dead._closed = True
+    fresh = RunsRoot(str(tmp_path))  # a new server reclaims it at start-up
+    try:
+        assert not os.path.exists(dead.path)
+        assert os.path.ismount(live.path) and os.path.ismount(fresh.path)
+    finally:
+        live.close()
+        fresh.close()
+    assert list(tmp_path.iterdir()) == []
