@@ -126,6 +126,8 @@ class ExecutionEngine:
         self.isolation = isolation if isolation is not None else Isolation("none")
         #: The tmpfs holding each request's layers under isolation lite, else ``None``.
         self.runs_root = runs_root
+        #: The temp root's dirs as runs see them, worked out by the first request (lite).
+        self._skeleton: list[tuple[str, int, int, int]] | None = None
         self._base_env = program_environment(os.environ, settings.run_env_keep)
         self._interpreter_placeholders = interpreter_placeholders(settings.python)
         python_dir = str(Path(settings.python).parent)
@@ -280,9 +282,12 @@ class ExecutionEngine:
         """One request's files: a temp dir on the host, or (isolation lite) layers of its own."""
         if self.runs_root is None:
             return HostWorkspace(self.workdirs.take(), self.workdirs)
-        return LayeredWorkspace(
-            self.runs_root, self.settings.tmp_root or tempfile.gettempdir(), self.isolation.hidden_paths
+        view_tmp_root = self.settings.tmp_root or tempfile.gettempdir()
+        workspace = LayeredWorkspace(
+            self.runs_root, view_tmp_root, self.isolation.hidden_paths, self._skeleton
         )
+        self._skeleton = workspace.skeleton_used
+        return workspace
 
     def _command(
         self,

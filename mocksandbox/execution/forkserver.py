@@ -45,6 +45,7 @@ _BASELINE_MODULES = frozenset(sys.modules)
 import _signal  # noqa: E402
 import _socket  # noqa: E402
 import atexit  # noqa: E402 - kept: a program's exit runs it without importing it again
+import fcntl as _fcntl  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import resource  # noqa: E402
@@ -231,8 +232,7 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
             if _WORLD is None:
                 raise OSError(95, "this launcher makes no worlds")  # EOPNOTSUPP
             _WORLD.mount_run(world)
-            # The relay is PID 1 of its namespace: orphans come to it, and it must wait for them.
-            _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
+            _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)  # this run's children: ours to wait for
         _THREAD_STACKS.prepare(request)
         pid = os.fork()
     except OSError as exc:  # EAGAIN: the host's or the server's process budget is spent
@@ -251,19 +251,15 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
     _close_all(fds[:3])
     try:
         _write_all(status_fd, _STATUS_PID + pid.to_bytes(8, "little"))
-        status = _wait_in_world(pid, sock) if world is not None else _wait_for(pid)
+        status = _WORLD.wait_for_program(pid, sock) if world is not None else _wait_for(pid)
         _write_all(status_fd, _STATUS_EXIT + status.to_bytes(8, "little", signed=True))
     except OSError:
         pass  # the server gave up on this run (it closed its end): nobody to tell
     finally:
         os.close(status_fd)
         if world is not None:
-            _reap_orphans()
+            _WORLD.reap()
             _WORLD.unmount_run()
-
-
-#: How often a world's relay reaps the run's dead orphans while the program runs.
-_ORPHAN_REAP_EVERY_MS = 20
 
 
 def _wait_for(pid: int) -> int:
@@ -275,62 +271,6 @@ def _wait_for(pid: int) -> int:
             continue
         except ChildProcessError:
             return 255 << 8
-
-
-def _wait_in_world(pid: int, sock: _socket.socket) -> int:
-    """The wait status of the program ``pid``, reaping the run's orphans meanwhile (they are ours:
-    the relay is PID 1 of the run's namespace). If the server goes away first (its end of our
-    socket closes: it was killed), the run goes too: every process of the namespace is killed, so
-    that no program outlives the server that started it."""
-    import select
-
-    try:
-        pidfd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        pidfd = None
-    poller = select.poll()
-    poller.register(sock.fileno(), select.POLLRDHUP)
-    if pidfd is not None:
-        poller.register(pidfd, select.POLLIN)
-    try:
-        while True:
-            try:
-                done, status = os.waitpid(-1, os.WNOHANG if pidfd is not None else 0)
-            except InterruptedError:
-                continue
-            except ChildProcessError:
-                return 255 << 8
-            if done == pid:
-                return status
-            if done:
-                continue  # an orphan reaped: look again
-            try:
-                # Woken when the program exits (its pidfd) or the server leaves; and now and then
-                # to reap orphans that died meanwhile (a zombie counts against pids.max).
-                events = poller.poll(_ORPHAN_REAP_EVERY_MS)
-            except InterruptedError:
-                continue
-            if any(fd == sock.fileno() for fd, _ in events):
-                # A signal to -1 from a namespace's PID 1 reaches every other process in it.
-                os.kill(-1, _signal.SIGKILL)
-                poller.unregister(sock.fileno())
-    finally:
-        if pidfd is not None:
-            os.close(pidfd)
-
-
-def _reap_orphans() -> None:
-    """Between runs, the run's leftovers (killed by the server) are reaped by the kernel as they
-    die (SIGCHLD ignored), and those already dead now: a zombie still counts against pids.max."""
-    _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)
-    while True:
-        try:
-            if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                return
-        except ChildProcessError:
-            return
-        except InterruptedError:
-            continue
 
 
 def _start_program(request: dict, fds: list) -> None:
@@ -579,6 +519,8 @@ class _World:
         self.keep_caps = set(config["keep_caps"])
         calls.drop_bounding_set(self.keep_caps)
         calls.prepare_capabilities(self.keep_caps)
+        # A handler, not the default action: a namespace's PID 1 drops signals it has none for.
+        _signal.signal(_signal.SIGIO, _end_the_run)
 
     @staticmethod
     def _loopback_up() -> None:
@@ -664,9 +606,61 @@ class _World:
 
     def enter(self, cwd: str) -> None:
         """In the forked program: into the run's root, with the kept capabilities only."""
+        _signal.signal(_signal.SIGIO, _signal.SIG_DFL)  # the relay's, not the program's
         os.chroot(self.root)
         os.chdir(cwd)
         self.calls.reduce_capabilities()
+
+    # The relay is PID 1 of the run's namespace: the run's orphans come to it, and each one that
+    # dies must be reaped at once (a zombie still counts against pids.max, and the server answers
+    # only once the run's cgroup is empty). While a program runs, the relay reaps in its blocking
+    # wait; between runs, SIGCHLD is ignored, so that the kernel reaps them. And while a program
+    # runs, the relay's socket is in async mode: if the server dies (its end closes), SIGIO ends
+    # the run and the relay (see _end_the_run).
+    # Little Python runs in the relay while a program lives: every page it writes then is copied.
+
+    def wait_for_program(self, pid: int, sock: _socket.socket) -> int:
+        """The wait status of the program ``pid``, reaping the run's orphans meanwhile."""
+        fd = sock.fileno()
+        _fcntl.fcntl(fd, _fcntl.F_SETOWN, os.getpid())
+        _fcntl.fcntl(fd, _fcntl.F_SETFL, _fcntl.fcntl(fd, _fcntl.F_GETFL) | os.O_ASYNC)
+        try:
+            if sock.recv(1, _socket.MSG_PEEK | _socket.MSG_DONTWAIT) == b"":
+                os.kill(-1, _signal.SIGKILL)  # the server left before we watched: end the run
+        except BlockingIOError:
+            pass  # still there, nothing sent: the usual case
+        try:
+            while True:
+                try:
+                    done, status = os.waitpid(-1, 0)
+                except InterruptedError:
+                    continue
+                except ChildProcessError:
+                    return 255 << 8
+                if done == pid:
+                    return status
+        finally:
+            _fcntl.fcntl(fd, _fcntl.F_SETFL, _fcntl.fcntl(fd, _fcntl.F_GETFL) & ~os.O_ASYNC)
+
+    @staticmethod
+    def reap() -> None:
+        """Reap what died of the run, and let the kernel reap the rest until the next run."""
+        _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)
+        while True:
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    return
+            except ChildProcessError:
+                return
+            except InterruptedError:
+                continue
+
+
+def _end_the_run(signum: int, frame: object) -> None:
+    """SIGIO in a world's relay while a program runs: the server is gone. Every process of the
+    namespace is killed (a signal to -1 from its PID 1 reaches all the others), then the relay."""
+    os.kill(-1, _signal.SIGKILL)
+    os._exit(1)
 
 
 def _write_text(path: str, text: str) -> None:

@@ -350,7 +350,13 @@ class LayeredWorkspace:
     first command, and reads ``fetch_files`` through all of them after the last.
     """
 
-    def __init__(self, runs_root: RunsRoot, view_tmp_root: str, hidden_paths: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        runs_root: RunsRoot,
+        view_tmp_root: str,
+        hidden_paths: tuple[str, ...],
+        skeleton: list[tuple[str, int, int, int]] | None = None,
+    ) -> None:
         self.slot = runs_root.new_slot()
         self._layers: list[str] = []
         self._commands = 0
@@ -360,8 +366,33 @@ class LayeredWorkspace:
         name = "tmp" + "".join(random.choices(_NAME_CHARACTERS, k=8))
         self.cwd = os.path.join(view_tmp_root, name)
         self.host_cwd = self._host(self.cwd, 0)
-        self._make_dirs(os.path.dirname(self.cwd))
+        if skeleton is None:
+            skeleton = self.skeleton(view_tmp_root)
+        for view_dir, mode, uid, gid in skeleton:  # the temp root's dirs, as the run sees them
+            host = self._host(view_dir, 0)
+            os.mkdir(host)
+            os.chmod(host, mode)
+            if (uid, gid) != (0, 0):
+                os.chown(host, uid, gid)
+        #: What the first layer started with (given to the next requests of this server).
+        self.skeleton_used = skeleton
         os.mkdir(self.host_cwd, 0o700)
+
+    def skeleton(self, view_dir: str) -> list[tuple[str, int, int, int]]:
+        """``view_dir`` and its parents, each with the mode and owner the run sees it with (the
+        topmost layer holding a dir gives it its attributes): what every request's first layer
+        starts with. Worked out once per server (:meth:`ExecutionEngine.new_workspace`)."""
+        made: list[tuple[str, int, int, int]] = []
+        current = ""
+        for part in [p for p in view_dir.split("/") if p]:
+            current += "/" + part
+            found = self._lookup(current)
+            if found is not None and found.kind == "dir" and found.host is not None:
+                info = os.stat(found.host)
+                made.append((current, stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid))
+            else:
+                made.append((current, 0o755, 0, 0))
+        return made
 
     def _add_layer(self) -> None:
         base = os.path.join(self.slot, str(len(self._layers)))
@@ -518,7 +549,28 @@ class LayeredWorkspace:
         }
 
     def close(self, code_path: str | None = None) -> None:
-        shutil.rmtree(self.slot, ignore_errors=True)
+        """Remove the request's layers: what most requests leave (their code file in their dir, the
+        dirs made for it, overlayfs' work dirs) with a few calls, anything else with ``rmtree``."""
+        try:
+            if code_path is not None:
+                os.unlink(self.host_cwd + "/" + os.path.basename(code_path))
+            os.rmdir(self.host_cwd)
+            for view_dir, *_ in reversed(self.skeleton_used):
+                os.rmdir(self._host(view_dir, 0))
+            for index, upper in enumerate(self._layers):
+                if index:
+                    os.rmdir(upper)
+                base = os.path.dirname(upper)
+                work = os.path.join(base, "w")
+                if os.path.isdir(work + "/work"):
+                    os.rmdir(work + "/work")
+                os.rmdir(work)
+                if not index:
+                    os.rmdir(upper)
+                os.rmdir(base)
+            os.rmdir(self.slot)
+        except OSError:
+            shutil.rmtree(self.slot, ignore_errors=True)
 
 
 def _is_opaque(path: str) -> bool:
