@@ -28,6 +28,7 @@ from mocksandbox.execution.world import (
     hidden_credential_paths,
     is_credential_variable,
     lite_unavailable_reason,
+    server_private_prefixes,
 )
 from mocksandbox.models import (
     CommandRunResult,
@@ -284,7 +285,11 @@ class ExecutionEngine:
             return HostWorkspace(self.workdirs.take(), self.workdirs)
         view_tmp_root = self.settings.tmp_root or tempfile.gettempdir()
         workspace = LayeredWorkspace(
-            self.runs_root, view_tmp_root, self.isolation.hidden_paths, self._skeleton
+            self.runs_root,
+            view_tmp_root,
+            self.isolation.hidden_paths,
+            self._skeleton,
+            self.isolation.hidden_prefixed,
         )
         self._skeleton = workspace.skeleton_used
         return workspace
@@ -449,16 +454,18 @@ def _start_engine(
         try:
             runs_root = RunsRoot(settings.tmp_root or tempfile.gettempdir())
             hidden = tuple(_hidden_paths(settings, runs_root))
+            hidden_prefixed = server_private_prefixes(settings.tmp_root)
             world = {
                 "scratch": runs_root.scratch,
                 "network": settings.run_network,
                 "hide": list(hidden),
+                "hide_prefixed": [list(pair) for pair in hidden_prefixed],
                 "keep_caps": list(KEPT_CAPABILITIES),
             }
             launcher = Launcher(settings.python, env, world)
             launcher.after_close.append(runs_root.close)
             launcher.start()
-            isolation = Isolation("lite", settings.run_network, "", hidden, hidden_variables)
+            isolation = Isolation("lite", settings.run_network, "", hidden, hidden_variables, hidden_prefixed)
             runner = ProcessRunner(confinement, launcher, settings.max_output_bytes)
             engine = ExecutionEngine(settings, runner, confinement.describe(), isolation, runs_root)
             engine.prove_isolation()

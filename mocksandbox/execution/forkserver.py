@@ -515,6 +515,10 @@ class _World:
             self.has_pts = True
         except OSError:
             self.has_pts = False
+        #: Dirs whose entries with a prefix are hidden as they come and go: ``[dir, prefix]``.
+        self.hidden_prefixes = [tuple(pair) for pair in config.get("hide_prefixed", [])]
+        self._scanned: dict = {}
+        self._masked: dict = {}
         self._build_mask(config.get("hide", []))
         self.keep_caps = set(config["keep_caps"])
         calls.drop_bounding_set(self.keep_caps)
@@ -566,24 +570,61 @@ class _World:
             os.mkdir(dev + "/" + name)
             os.chmod(dev + "/" + name, mode)
         for path in hidden:
-            try:
-                info = os.lstat(path)
-            except OSError:
-                continue  # nothing there to hide (a run may make it, in its own layer)
-            import stat as _stat
+            self._mask_path(path)
 
-            if _stat.S_ISDIR(info.st_mode):
-                self._mask_dir(path, True)
-            else:
-                self._mask_dir(os.path.dirname(path), False)
-                fd = os.open(self.mask + path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, info.st_mode & 0o7777)
-                os.close(fd)
-                os.chown(self.mask + path, info.st_uid, info.st_gid)
+    def _mask_path(self, path: str) -> bool:
+        """``path`` made present but empty in the mask layer; whether there was one to hide."""
+        import stat as _stat
+
+        try:
+            info = os.lstat(path)
+        except OSError:
+            return False  # nothing there to hide (a run may make it, in its own layer)
+        if _stat.S_ISDIR(info.st_mode):
+            self._mask_dir(path, True)
+        else:
+            self._mask_dir(os.path.dirname(path), False)
+            fd = os.open(self.mask + path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, info.st_mode & 0o7777)
+            os.close(fd)
+            os.chown(self.mask + path, info.st_uid, info.st_gid)
+        return True
+
+    def refresh_mask(self) -> None:
+        """Hide what servers made in their temp roots since the last run (state dirs, control
+        sockets, shared counters, kernels' connection files: ``mocksandbox-*``), and stop hiding
+        what is gone. Between runs only: a lower layer must not change while it is mounted. A
+        dir is listed again only when its mtime says that its entries changed."""
+        import shutil
+
+        for directory, prefix in self.hidden_prefixes:
+            try:
+                changed = os.stat(directory).st_mtime_ns
+            except OSError:
+                continue
+            if self._scanned.get(directory) == changed:
+                continue
+            self._scanned[directory] = changed
+            try:
+                names = {n for n in os.listdir(directory) if n.startswith(prefix)}
+            except OSError:
+                continue
+            masked = self._masked.setdefault(directory, set())
+            for name in names - masked:
+                if self._mask_path(os.path.join(directory, name)):
+                    masked.add(name)
+            for name in masked - names:
+                shutil.rmtree(self.mask + os.path.join(directory, name), ignore_errors=True)
+                try:
+                    os.unlink(self.mask + os.path.join(directory, name))
+                except OSError:
+                    pass
+                masked.discard(name)
 
     def mount_run(self, world: dict) -> None:
         """The run's root: its layers over the mask over the host, with /proc, /sys and /dev/pts."""
         if self.mounted:  # the last run's, if its unmount failed
             self.unmount_run()
+        self.refresh_mask()
         lowers = ":".join([*world["lowers"], self.mask, "/"])
         # No redirects, no index: what the server reads back through the layers (world.py) only
         # has whiteouts and opaque dirs to follow.

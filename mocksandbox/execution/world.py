@@ -145,6 +145,9 @@ class Isolation:
     reason: str = ""
     hidden_paths: tuple[str, ...] = ()
     hidden_variables: tuple[str, ...] = ()
+    #: ``(dir, prefix)``: entries of ``dir`` whose names start with ``prefix`` are hidden too, as
+    #: they come and go (what servers keep in their temp roots).
+    hidden_prefixed: tuple[tuple[str, str], ...] = ()
 
     def describe(self) -> str:
         if self.mode == "none":
@@ -157,9 +160,25 @@ class Isolation:
         )
 
     def describe_hidden(self) -> str:
-        paths = ", ".join(self.hidden_paths) or "none here"
+        paths = ", ".join([*self.hidden_paths, *(os.path.join(d, p + "*") for d, p in self.hidden_prefixed)])
+        paths = paths or "none here"
         variables = ", ".join(self.hidden_variables) or "none here"
         return f"hidden from runs: paths {paths}; variables {variables}"
+
+
+#: What servers name the dirs and files they keep in a temp root (state, control sockets, shared
+#: counters, kernels' connection files, runs' tmpfs): hidden from runs.
+SERVER_PRIVATE_PREFIX = "mocksandbox-"
+
+
+def server_private_prefixes(tmp_root: str | None) -> tuple[tuple[str, str], ...]:
+    """Where servers keep what runs must not see: the system temp dir and ``tmp_root``."""
+    import tempfile
+
+    roots = {os.path.realpath(tempfile.gettempdir()), "/tmp"}
+    if tmp_root:
+        roots.add(os.path.realpath(tmp_root))
+    return tuple((root, SERVER_PRIVATE_PREFIX) for root in sorted(roots))
 
 
 def lite_unavailable_reason(confinement_name: str) -> str | None:
@@ -356,8 +375,10 @@ class LayeredWorkspace:
         view_tmp_root: str,
         hidden_paths: tuple[str, ...],
         skeleton: list[tuple[str, int, int, int]] | None = None,
+        hidden_prefixed: tuple[tuple[str, str], ...] = (),
     ) -> None:
         self.slot = runs_root.new_slot()
+        self._hidden_prefixed = hidden_prefixed
         self._layers: list[str] = []
         self._commands = 0
         self._hidden = hidden_paths
@@ -458,7 +479,12 @@ class LayeredWorkspace:
         dir: those below are gone), ``below`` for a path inside a hidden dir, else ``None``."""
         if view_path == "/dev" or view_path.startswith("/dev/"):
             return "dir" if view_path == "/dev" else "below"
-        for hidden in self._hidden:
+        hidden_here = list(self._hidden)
+        for directory, prefix in self._hidden_prefixed:
+            if view_path.startswith(directory + "/" + prefix):
+                name = view_path[len(directory) + 1 :].split("/", 1)[0]
+                hidden_here.append(os.path.join(directory, name))
+        for hidden in hidden_here:
             if view_path == hidden:
                 return "dir" if os.path.isdir(hidden) else "file"
             if view_path.startswith(hidden + "/"):

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import base64
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -332,3 +334,22 @@ def processes_with(marker: str) -> list[int]:
             except OSError:
                 pass
     return found
+
+
+def test_what_servers_keep_in_the_temp_root_is_hidden_even_when_made_later(server: ServeProcess) -> None:
+    """State dirs, control sockets, shared counters and kernels' connection files of every server
+    (``<tmp>/mocksandbox-*``) look empty to a run, those made after the server started too."""
+    later = Path(tempfile.mkdtemp(prefix="mocksandbox-made-later-"))
+    try:
+        (later / "secret").write_text("CANARY")
+        code = (
+            "import os, tempfile\n"
+            "root = tempfile.gettempdir()\n"
+            "names = [n for n in os.listdir(root) if n.startswith('mocksandbox-')]\n"
+            f"print({later.name!r} in names, all(os.listdir(os.path.join(root, n)) == [] for n in names))\n"
+        )
+        assert stdout_of(server.run(code)) == "True True\n"
+        answer = server.run("pass", fetch_files=[str(later / "secret")])
+        assert answer["files"] == {}
+    finally:
+        shutil.rmtree(later)
