@@ -29,6 +29,11 @@ reaps them the moment they die. Otherwise they would go to the machine's init, w
 time, and until then every zombie still counts against the ``pids.max`` of the run's cgroup and of
 every cgroup above it, the server's own included.
 
+With ``--world=<json>`` (isolation lite, see ``world.py``), a run whose request carries ``world``
+(its layers) is sent to a relay that lives in namespaces of its own, as PID 1 of its own PID
+namespace: the relay mounts the run's overlay root before the fork and the program enters it (see
+"a run's world" below). Such relays serve only such runs; the others go to plain relays.
+
 Why separate processes: the server is multi-threaded and large; forking it per run is slow and
 unsafe, and a program that kills its parent must not kill the server, nor the launcher: it kills
 its relay only, and that run alone reports -9.
