@@ -533,14 +533,17 @@ class _World:
 
     @staticmethod
     def _loopback_up() -> None:
-        import fcntl
-        import struct
-
+        """``ip link set lo up``: SIOCGIFFLAGS, then SIOCSIFFLAGS with IFF_UP (a struct ifreq: the
+        name in 16 bytes, then the flags; packed by hand: the relay imports as little as it can,
+        since every page it touches is copied at each fork)."""
         sock = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM)
         try:
-            request = struct.pack("16sH", b"lo", 0)
-            flags = struct.unpack("16sH", fcntl.ioctl(sock.fileno(), _SIOCGIFFLAGS, request)[:18])[1]
-            fcntl.ioctl(sock.fileno(), _SIOCSIFFLAGS, struct.pack("16sH", b"lo", flags | _IFF_UP))
+            request = b"lo".ljust(16, b"\0") + bytes(24)
+            answer = _fcntl.ioctl(sock.fileno(), _SIOCGIFFLAGS, request)
+            flags = int.from_bytes(answer[16:18], sys.byteorder) | _IFF_UP
+            _fcntl.ioctl(
+                sock.fileno(), _SIOCSIFFLAGS, answer[:16] + flags.to_bytes(2, sys.byteorder) + bytes(22)
+            )
         finally:
             sock.close()
 
@@ -579,13 +582,11 @@ class _World:
 
     def _mask_path(self, path: str) -> bool:
         """``path`` made present but empty in the mask layer; whether there was one to hide."""
-        import stat as _stat
-
         try:
             info = os.lstat(path)
         except OSError:
             return False  # nothing there to hide (a run may make it, in its own layer)
-        if _stat.S_ISDIR(info.st_mode):
+        if info.st_mode & 0o170000 == 0o040000:  # a dir
             self._mask_dir(path, True)
         else:
             self._mask_dir(os.path.dirname(path), False)
@@ -599,8 +600,6 @@ class _World:
         sockets, shared counters, kernels' connection files: ``mocksandbox-*``), and stop hiding
         what is gone. Between runs only: a lower layer must not change while it is mounted. A
         dir is listed again only when its mtime says that its entries changed."""
-        import shutil
-
         for directory, prefix in self.hidden_prefixes:
             try:
                 changed = os.stat(directory).st_mtime_ns
@@ -618,9 +617,9 @@ class _World:
                 if self._mask_path(os.path.join(directory, name)):
                     masked.add(name)
             for name in masked - names:
-                shutil.rmtree(self.mask + os.path.join(directory, name), ignore_errors=True)
-                try:
-                    os.unlink(self.mask + os.path.join(directory, name))
+                gone = self.mask + os.path.join(directory, name)
+                try:  # an empty opaque dir, or an empty file
+                    os.rmdir(gone) if os.path.isdir(gone) else os.unlink(gone)
                 except OSError:
                     pass
                 masked.discard(name)
