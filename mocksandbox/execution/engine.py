@@ -151,10 +151,8 @@ class ExecutionEngine:
     # -- public API ---------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Remove the temp dirs kept for later runs (and the runs' tmpfs)."""
+        """Remove the temp dirs kept for later runs (the runs' tmpfs goes with the launcher)."""
         self.workdirs.close()
-        if self.runs_root is not None:
-            self.runs_root.close()
 
     def run_code(self, request: RunCodeRequest) -> RunCodeResponse:
         """Answer one validated request as SandboxFusion would; never raises."""
@@ -262,7 +260,7 @@ class ExecutionEngine:
         try:
             result = self.runner.run(
                 CommandSpec(
-                    command="echo $$ && test ! -e /proc/self/ns/x && echo world",
+                    command="echo $$ world",
                     cwd=workspace.cwd,
                     env=self._base_env,
                     stdin=None,
@@ -453,7 +451,7 @@ def _start_engine(
         launcher: Launcher | None = None
         try:
             runs_root = RunsRoot(settings.tmp_root or tempfile.gettempdir())
-            hidden = tuple(_hidden_paths(settings, runs_root))
+            hidden = tuple(_hidden_paths(settings))
             hidden_prefixed = server_private_prefixes(settings.tmp_root)
             world = {
                 "scratch": runs_root.scratch,
@@ -490,7 +488,7 @@ class IsolationError(RuntimeError):
     """The isolation asked for cannot be had on this host; the message says why."""
 
 
-def _hidden_paths(settings: Settings, runs_root: RunsRoot) -> list[str]:
+def _hidden_paths(settings: Settings) -> list[str]:
     """What a run must find empty: the server user's credentials and the server's own state."""
     paths = hidden_credential_paths()
     for path in (settings.state_dir, settings.replay_file):

@@ -37,7 +37,6 @@ proved by one real run at start-up), else ``none`` with the reason.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import itertools
 import os
@@ -389,12 +388,7 @@ class LayeredWorkspace:
         self.host_cwd = self._host(self.cwd, 0)
         if skeleton is None:
             skeleton = self.skeleton(view_tmp_root)
-        for view_dir, mode, uid, gid in skeleton:  # the temp root's dirs, as the run sees them
-            host = self._host(view_dir, 0)
-            os.mkdir(host)
-            os.chmod(host, mode)
-            if (uid, gid) != (0, 0):
-                os.chown(host, uid, gid)
+        self._make_skeleton(skeleton)  # the temp root's dirs, as the run sees them
         #: What the first layer started with (given to the next requests of this server).
         self.skeleton_used = skeleton
         os.mkdir(self.host_cwd, 0o700)
@@ -425,22 +419,16 @@ class LayeredWorkspace:
     def _host(self, view_path: str, layer: int) -> str:
         return self._layers[layer] + view_path
 
-    def _make_dirs(self, view_dir: str) -> None:
-        """``view_dir`` and its parents as real dirs in layer 0, each with the attributes the run
-        would see (the topmost layer holding a dir gives it its mode and owner)."""
-        parts = [p for p in view_dir.split("/") if p]
-        current = ""
-        for part in parts:
-            current += "/" + part
-            host = self._host(current, 0)
+    def _make_skeleton(self, skeleton: list[tuple[str, int, int, int]]) -> None:
+        """The dirs of ``skeleton`` (see :meth:`skeleton`) in layer 0, but for those already there."""
+        for view_dir, mode, uid, gid in skeleton:
+            host = self._host(view_dir, 0)
             if os.path.isdir(host):
                 continue
-            found = self._lookup(current)
             os.mkdir(host)
-            if found is not None and found.kind == "dir" and found.host is not None:
-                info = os.stat(found.host)
-                os.chmod(host, stat.S_IMODE(info.st_mode))
-                os.chown(host, info.st_uid, info.st_gid)
+            os.chmod(host, mode)
+            if (uid, gid) != (os.geteuid(), os.getegid()):
+                os.chown(host, uid, gid)
 
     # -- the server's writes and reads ------------------------------------------------------------
 
@@ -448,7 +436,7 @@ class LayeredWorkspace:
         """Write a file where the run will see it at ``view_path`` (an absolute ``files`` key):
         its parent is looked up as the run would (symlinks followed inside the run's view)."""
         parent = self.resolve(os.path.dirname(view_path)) or os.path.normpath(os.path.dirname(view_path))
-        self._make_dirs(parent)
+        self._make_skeleton(self.skeleton(parent))
         with open(self._host(os.path.join(parent, os.path.basename(view_path)), 0), "wb") as handle:
             handle.write(data)
 
@@ -602,7 +590,5 @@ class LayeredWorkspace:
 def _is_opaque(path: str) -> bool:
     try:
         return os.getxattr(path, "trusted.overlay.opaque", follow_symlinks=False) == b"y"
-    except OSError as error:
-        if error.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
-            return False
+    except OSError:  # no such attribute (ENODATA), or none on this file system
         return False
