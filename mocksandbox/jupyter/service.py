@@ -113,7 +113,9 @@ class JupyterService:
             if self._pool is None:
                 settings = self.settings
                 runtime_root = _runtime_root(settings.tmp_root)
-                env = kernel_environment(program_environment(os.environ), settings.python)
+                env = kernel_environment(
+                    program_environment(os.environ, settings.run_env_keep), settings.python
+                )
                 launcher = create_launcher(
                     settings.jupyter_launcher,
                     settings.python,

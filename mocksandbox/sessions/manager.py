@@ -165,7 +165,7 @@ class SessionManager:
         if config.backend:
             executor = RemoteExecutor(config.backend, python=config.backend_python)
         else:
-            base_env = program_environment(os.environ)
+            base_env = program_environment(os.environ, settings.run_env_keep)
             base_env["PATH"] = f"{Path(config.python).parent}:{base_env.get('PATH', os.defpath)}"
             executor = LocalExecutor(runner, base_env)
         manager = cls(config, registry, executor, clock)
