@@ -467,8 +467,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     swedev.add_argument(
         "--session-isolation",
-        choices=["auto", "namespace", "paths"],
-        help="/workspace per session: mount namespace, path translation, or auto (default)",
+        choices=["auto", "world", "namespace", "paths"],
+        help="/workspace per session: a world of its own (needs --isolation lite), mount namespace, "
+        "path translation, or auto (default: the first of these this server can give)",
     )
     extras = serve.add_argument_group("datasets and Jupyter")
     extras.add_argument(

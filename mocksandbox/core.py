@@ -65,7 +65,12 @@ class MockSandbox:
         #: /run_jupyter; its kernel pool starts on first use (at once with ``jupyter_prewarm``).
         self.jupyter = JupyterService(settings)
         #: swedev sessions (/start_instance, /process_action, /postprocess, /compute_reward).
-        self.sessions = sessions if sessions is not None else SessionManager.create(settings, engine.runner)
+        in_worlds = engine.isolation.mode == "lite"
+        self.sessions = (
+            sessions
+            if sessions is not None
+            else SessionManager.create(settings, engine.runner, runs_in_worlds=in_worlds)
+        )
         self.confinement = confinement
         self.sleep = sleep
         self._baseline_faults = (
@@ -111,7 +116,12 @@ class MockSandbox:
         engine, confinement, launcher = create_engine(settings, process_budget, memory_budget)
         try:  # instances are loaded and checked, a configured state dir is opened (and locked)
             datasets = DatasetService.from_settings(settings, engine)  # dataset files are read and checked
-            sessions = SessionManager.create(settings, engine.runner, shared_state_dir=shared_state_dir)
+            sessions = SessionManager.create(
+                settings,
+                engine.runner,
+                shared_state_dir=shared_state_dir,
+                runs_in_worlds=engine.isolation.mode == "lite",
+            )
         except BaseException:
             launcher.close()
             confinement.close()

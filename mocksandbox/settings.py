@@ -126,9 +126,11 @@ class Settings(BaseModel):
     session_command_timeout_s: float = Field(120.0, gt=0)
     #: Timeout of the test run that scores a session, in seconds.
     reward_timeout_s: float = Field(600.0, gt=0)
-    #: How a session sees its repository at ``/workspace/...``: ``namespace`` (a private mount
-    #: namespace per command; root only), ``paths`` (path translation), ``auto`` (namespace if possible).
-    session_isolation: Literal["auto", "namespace", "paths"] = "auto"
+    #: How a session sees its repository at ``/workspace/...``: ``world`` (a world of its own, as
+    #: /run_code's under isolation ``lite``, with a files layer kept for the session), ``namespace``
+    #: (a private mount namespace per command; root only), ``paths`` (path translation), ``auto``
+    #: (world, else namespace, else paths: the first this server can give).
+    session_isolation: Literal["auto", "world", "namespace", "paths"] = "auto"
 
     # -- datasets and Jupyter (see mocksandbox.datasets, mocksandbox.jupyter) -------------------
     #: Directories of dataset files (``code_eval_<id>.jsonl`` or ``<id>.jsonl``) for the dataset

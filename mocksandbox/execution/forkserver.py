@@ -625,7 +625,8 @@ class _World:
                 masked.discard(name)
 
     def mount_run(self, world: dict) -> None:
-        """The run's root: its layers over the mask over the host, with /proc, /sys and /dev/pts."""
+        """The run's root: its layers over the mask over the host, with /proc, /sys and /dev/pts,
+        and the host dirs ``world["binds"]`` names (``[host dir, where the run sees it]``)."""
         if self.mounted:  # the last run's, if its unmount failed
             self.unmount_run()
         self.refresh_mask()
@@ -640,6 +641,11 @@ class _World:
         self.calls.mount(self.scratch + "/sys", self.root + "/sys", None, _MS_BIND)
         if self.has_pts:
             self.calls.mount(self.scratch + "/pts", self.root + "/dev/pts", None, _MS_BIND)
+        # Host dirs the run works in, in place (a swedev session's /workspace and /tmp): their
+        # mount points are made in the run's upper layer.
+        for source, target in world.get("binds", ()):
+            os.makedirs(self.root + target, 0o755, exist_ok=True)
+            self.calls.mount(source, self.root + target, None, _MS_BIND)
 
     def unmount_run(self) -> None:
         if self.mounted:

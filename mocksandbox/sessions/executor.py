@@ -28,6 +28,7 @@ from mocksandbox.execution.engine import CommandRunner
 from mocksandbox.execution.process import CommandSpec
 from mocksandbox.models import CommandRunStatus
 from mocksandbox.sessions.errors import BackendError
+from mocksandbox.sessions.isolation import RunWorld
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,17 @@ class SessionExecutor(Protocol):
     name: str
 
     def run(
-        self, root: Path, script: str, cwd: Path, timeout: float, env: Mapping[str, str]
-    ) -> ExecResult: ...
+        self,
+        root: Path,
+        script: str,
+        cwd: Path | str,
+        timeout: float,
+        env: Mapping[str, str],
+        world: RunWorld | None = None,
+    ) -> ExecResult:
+        """``world``: run in a world of its own (local executors of a server with isolation
+        ``lite``); ``cwd`` is then a path inside it."""
+        ...
 
 
 class LocalExecutor:
@@ -59,10 +69,23 @@ class LocalExecutor:
         self.runner = runner
         self.base_env = dict(base_env)
 
-    def run(self, root: Path, script: str, cwd: Path, timeout: float, env: Mapping[str, str]) -> ExecResult:
+    def run(
+        self,
+        root: Path,
+        script: str,
+        cwd: Path | str,
+        timeout: float,
+        env: Mapping[str, str],
+        world: RunWorld | None = None,
+    ) -> ExecResult:
         result = self.runner.run(
             CommandSpec(
-                command=script, cwd=str(cwd), env={**self.base_env, **env}, stdin=None, timeout=timeout
+                command=script,
+                cwd=str(cwd),
+                env={**self.base_env, **env},
+                stdin=None,
+                timeout=timeout,
+                world=None if world is None else world.spec(),
             )
         )
         output = (result.stdout or "") + (result.stderr or "")
@@ -175,8 +198,17 @@ class RemoteExecutor:
             raise BackendError(f"{where}: {self.python} there {what} ({reason}); {_RUNTIME_PYTHON_HINT}")
         return BackendProbe(self.base_url, self.python, version, pytest_version)
 
-    def run(self, root: Path, script: str, cwd: Path, timeout: float, env: Mapping[str, str]) -> ExecResult:
-        return self._run(root, script, cwd, timeout, env)
+    def run(
+        self,
+        root: Path,
+        script: str,
+        cwd: Path | str,
+        timeout: float,
+        env: Mapping[str, str],
+        world: RunWorld | None = None,
+    ) -> ExecResult:
+        # No world here: the remote sandbox gives the run whatever world it gives its runs.
+        return self._run(root, script, Path(cwd), timeout, env)
 
     def _run(
         self,

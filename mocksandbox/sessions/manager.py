@@ -53,7 +53,13 @@ from mocksandbox.sessions.executor import (
 )
 from mocksandbox.sessions.gitops import GitError, apply_patch, collect_patch, copy_repo
 from mocksandbox.sessions.instances import Instance, InstanceRegistry
-from mocksandbox.sessions.isolation import MOUNT_POINT, Isolation, IsolationSetting, choose_isolation
+from mocksandbox.sessions.isolation import (
+    MOUNT_POINT,
+    Isolation,
+    IsolationSetting,
+    RunWorld,
+    choose_isolation,
+)
 from mocksandbox.sessions.paths import SAFE_ROOT, PathMap
 from mocksandbox.sessions.reward import RewardMode, RewardResult, score
 from mocksandbox.sessions.store import SessionRecord, SessionStore
@@ -80,7 +86,8 @@ class SessionConfig:
     python: str = "python3"
     backend: str | None = None
     backend_python: str = "python3"
-    #: ``auto``: a private mount namespace per command where possible, else path translation.
+    #: ``auto``: a world per session where the server makes worlds (isolation ``lite``), else a
+    #: private mount namespace per command where possible, else path translation.
     isolation: IsolationSetting = "auto"
 
     @classmethod
@@ -126,10 +133,13 @@ class SessionManager:
         registry: InstanceRegistry,
         executor: SessionExecutor,
         clock: Callable[[], float] = time.time,
+        runs_in_worlds: bool = False,
     ) -> None:
         self.config = config
         self.registry = registry
         self.executor = executor
+        #: The server gives its runs worlds of their own (isolation ``lite``): so can the sessions.
+        self.runs_in_worlds = runs_in_worlds
         #: Wall-clock time: TTLs must survive a restart, which monotonic time does not.
         self.clock = clock
         self._lock = threading.RLock()
@@ -153,12 +163,14 @@ class SessionManager:
         runner: CommandRunner,
         clock: Callable[[], float] = time.time,
         shared_state_dir: bool = False,
+        runs_in_worlds: bool = False,
     ) -> SessionManager:
         """The session layer for ``settings``: instances loaded and checked, executor chosen.
 
         ``shared_state_dir``: this is one of several worker processes over ``settings.state_dir``,
         which the process that started them prepared and locked (:func:`open_shared_state_dir`):
-        no lock and no recovery here, and every session is locked across processes."""
+        no lock and no recovery here, and every session is locked across processes.
+        ``runs_in_worlds``: ``runner`` makes worlds (the engine's isolation is ``lite``)."""
         registry = InstanceRegistry.from_paths(settings.instances_dirs)
         config = SessionConfig.from_settings(settings)
         executor: SessionExecutor
@@ -168,7 +180,8 @@ class SessionManager:
             base_env = program_environment(os.environ, settings.run_env_keep)
             base_env["PATH"] = f"{Path(config.python).parent}:{base_env.get('PATH', os.defpath)}"
             executor = LocalExecutor(runner, base_env)
-        manager = cls(config, registry, executor, clock)
+        local = isinstance(executor, LocalExecutor)
+        manager = cls(config, registry, executor, clock, runs_in_worlds=runs_in_worlds and local)
         manager._shared = shared_state_dir
         if config.state_dir is not None:
             manager._ensure_open()
@@ -389,6 +402,7 @@ class SessionManager:
                 min(self.config.reward_timeout_s, self.config.max_timeout_s),
                 self.config.reward_mode,
                 tests_known_to_run=instance.instance_id in self._tests_run,
+                in_world=self.isolation()[0] == "world",
             )
         except ScoringError as exc:
             # Not cached: the next call scores again (once the environment is fixed, it succeeds).
@@ -570,15 +584,41 @@ class SessionManager:
         return env
 
     def isolation(self) -> tuple[Isolation, str]:
-        """How sessions see ``/workspace`` (``namespace`` or ``paths``) and why; decided on first use."""
+        """How sessions see ``/workspace`` (``world``, ``namespace`` or ``paths``) and why; decided
+        on first use."""
         with self._lock:
             if self._isolation is None:
                 self._isolation = choose_isolation(
                     self.config.isolation,
                     remote=self.config.backend is not None,
                     tmp_root=self.config.tmp_root,
+                    world_probe=self._world_unavailable if self.runs_in_worlds else None,
                 )
             return self._isolation
+
+    def _world_unavailable(self) -> str | None:
+        """Why a session's command cannot run in a world here (``None``: it can). A real run, of a
+        throwaway session: its ``/workspace`` and ``/tmp`` bound, its layer made."""
+        # Where sessions live (a path runs find masked: the binds must show it all the same).
+        parent = self._state_dir / "scratch" if self._state_dir is not None else self.config.tmp_root
+        probe = Path(tempfile.mkdtemp(prefix="mocksandbox-world-probe-", dir=parent))
+        try:
+            for name in ("workspace", "tmp"):
+                (probe / name).mkdir()
+            (probe / "workspace" / "seen").write_text("")
+            world = RunWorld(
+                probe / "world", ((str(probe / "workspace"), MOUNT_POINT), (str(probe / "tmp"), "/tmp"))
+            )
+            script = f"test -e {MOUNT_POINT}/seen && touch /tmp/probe /etc/mocksandbox-probe"
+            ran = self.executor.run(probe, script, MOUNT_POINT, 30.0, {}, world=world)
+            if ran.error or ran.exit_code != 0 or not (probe / "tmp" / "probe").exists():
+                said = (ran.error or ran.output).strip() or f"exit status {ran.exit_code}"
+                return f"a command could not run in one ({said})"
+            if os.path.exists("/etc/mocksandbox-probe"):
+                return "a command's write reached the host"
+            return None
+        finally:
+            shutil.rmtree(probe, ignore_errors=True)
 
     def _execute_bash(self, workspace: _Workspace, params: Mapping[str, Any]) -> str:
         command = str(params.get("command", ""))
@@ -590,7 +630,8 @@ class SessionManager:
         if isinstance(params.get("timeout"), float) and params["timeout"] > 0:
             timeout = params["timeout"]
         timeout = min(timeout, self.config.max_timeout_s)
-        namespace = self.isolation()[0] == "namespace"
+        isolation = self.isolation()[0]
+        namespace = isolation != "paths"  # the agent's paths are the real ones
         paths, root, q = workspace.paths, workspace.root, shlex.quote
         # The shell's directory, as the agent sees it: kept from one command to the next.
         repo = workspace.instance.workspace_path
@@ -599,7 +640,14 @@ class SessionManager:
             remembered = (workspace.ctl / "cwd").read_text().strip()
             if remembered and (paths.real_path(remembered) or Path(remembered)).is_dir():
                 cwd = remembered
-        if namespace:
+        world: RunWorld | None = None
+        run_cwd: Path | str = workspace.repo
+        if isolation == "world":
+            # The relay binds the session's dirs; the fd-9 file below is written in place too.
+            binds = ((str(root / "workspace"), MOUNT_POINT), (str(root / "tmp"), "/tmp"))
+            world = RunWorld(root / "world", (*binds, (str(workspace.ctl), str(workspace.ctl))))
+            setup, launcher, run_cwd = "", "/bin/bash -c", MOUNT_POINT
+        elif namespace:
             setup = (
                 f"mount --bind {q(str(root / 'workspace'))} {MOUNT_POINT} && "
                 f"mount --bind {q(str(root / 'tmp'))} /tmp || "
@@ -623,7 +671,7 @@ class SessionManager:
             "exit $__ms_rc\n"
         )
         env = self._env(workspace.instance, root, namespace)
-        result = self.executor.run(root, script, workspace.repo, timeout, env)
+        result = self.executor.run(root, script, run_cwd, timeout, env, world=world)
         return self._bash_observation(workspace, result, timeout)
 
     @staticmethod

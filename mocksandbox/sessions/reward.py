@@ -40,6 +40,7 @@ from mocksandbox.sessions.gitops import (
     without_paths,
 )
 from mocksandbox.sessions.instances import Instance
+from mocksandbox.sessions.isolation import RunWorld
 
 RewardMode = Literal["f2p", "resolved"]
 _PASSING = ("PASSED", "XFAIL")
@@ -110,11 +111,13 @@ def score(
     timeout: float,
     mode: RewardMode = "f2p",
     tests_known_to_run: bool = False,
+    in_world: bool = False,
 ) -> RewardResult:
     """Score ``patch`` (the model's ``git diff`` against the base; ``None`` if none was taken).
 
     ``tests_known_to_run``: this instance's tests were seen to report results here before, so a
-    run in which none does is the patch's doing (no check at the base state is made)."""
+    run in which none does is the patch's doing (no check at the base state is made).
+    ``in_world``: the tests run in a world of their own (see ``isolation.RunWorld``)."""
     f2p, p2p = list(instance.fail_to_pass), list(instance.pass_to_pass)
     patch_exists = bool(patch and patch.strip())
     result = RewardResult(
@@ -141,7 +144,7 @@ def score(
             if not applied.ok:
                 return result
         result.patch_successfully_applied = patch_exists
-        ran = _run_tests(instance, base_repo, base_sha, executor, root, python, env, timeout)
+        ran = _run_tests(instance, base_repo, base_sha, executor, root, python, env, timeout, in_world)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     result.log += ran.output
@@ -161,7 +164,7 @@ def score(
             base_root.mkdir(parents=True)
             try:
                 base_ran = _run_tests(
-                    instance, base_repo, base_sha, executor, base_root, python, env, timeout
+                    instance, base_repo, base_sha, executor, base_root, python, env, timeout, in_world
                 )
             finally:
                 shutil.rmtree(base_root, ignore_errors=True)
@@ -205,9 +208,11 @@ def _run_tests(
     python: str,
     env: Mapping[str, str],
     timeout: float,
+    in_world: bool = False,
 ) -> ExecResult:
     """In ``root/repo`` (a base checkout is made if there is none): the test files back to the base
-    and the test patch on top (as SWE-bench's eval script does), then F2P + P2P under pytest."""
+    and the test patch on top (as SWE-bench's eval script does), then F2P + P2P under pytest; in a
+    world of its own (the checkout bound in place, its layer beside it) if ``in_world``."""
     repo = _checkout(instance, base_repo, root)
     restore_paths(repo, base_sha, set(changed_paths(instance.test_patch)), ceiling=root)
     applied = apply_patch(repo, instance.test_patch, ceiling=root)
@@ -216,7 +221,8 @@ def _run_tests(
             f"instance {instance.instance_id}: its test_patch does not apply: {applied.output}"
         )
     tests = list(instance.fail_to_pass) + list(instance.pass_to_pass)
-    return executor.run(root, pytest_script(python, tests), repo, timeout, env)
+    world = RunWorld(root / "world", ((str(repo), str(repo)),)) if in_world else None
+    return executor.run(root, pytest_script(python, tests), repo, timeout, env, world=world)
 
 
 def _environment_cause(ran: ExecResult, python: str) -> str | None:

@@ -353,3 +353,58 @@ def test_what_servers_keep_in_the_temp_root_is_hidden_even_when_made_later(serve
         assert answer["files"] == {}
     finally:
         shutil.rmtree(later)
+
+
+def _swedev(server: ServeProcess, endpoint: str, **payload: object) -> dict[str, object]:
+    response = requests.post(f"{server.url}/{endpoint}", json=payload, timeout=300, proxies=NO_PROXY)
+    assert response.status_code == 200, response.text
+    answer: dict[str, object] = response.json()
+    return answer
+
+
+def test_swedev_sessions_run_in_worlds_of_their_own(
+    server: ServeProcess, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A session's commands: the host untouched, secrets and the API out of reach, no signal to
+    the server; what a command writes outside /workspace stays for the session's next commands
+    only; scoring still works."""
+    from mocksandbox.sessions import InstanceRegistry
+    from mocksandbox.sessions.scripted import diff_block, function_call
+
+    assert "swedev isolation: a world per session" in "".join(server.banner)
+    instance = next(
+        i for i in InstanceRegistry.from_paths([]).all() if i.instance_id == "sciutils__unitconv-311"
+    )
+    canary = tmp_path / "canary"
+    canary.write_text("keep me")
+    planted = f"/etc/mocksandbox-session-{os.getpid()}"
+    api_port = int(server.url.rsplit(":", 1)[1])
+
+    def bash(sid: object, command: str) -> str:
+        content = function_call("execute_bash", command=command)
+        return str(_swedev(server, "process_action", sid=sid, content=content)["content"])
+
+    first = _swedev(server, "start_instance", instance_hash=str(instance.instance_hash))["sid"]
+    second = _swedev(server, "start_instance", instance_hash=str(instance.instance_hash))["sid"]
+    request.addfinalizer(lambda: os.path.exists(planted) and os.remove(planted))  # were it to escape
+    out = bash(
+        first,
+        f"rm -f {canary}; echo planted > {planted}; cat ~/.ssh/id_ed25519; "
+        f"(exec 3<>/dev/tcp/127.0.0.1/{api_port}) 2>/dev/null && echo api-reached; "
+        "kill -9 -1; echo after-kill",
+    )
+    assert "CANARY" not in out and "api-reached" not in out, out
+    assert canary.read_text() == "keep me" and not os.path.exists(planted)
+    assert server.process.poll() is None
+    assert "after-kill" in out, out
+    kept = bash(first, f"cat {planted}; pwd")
+    assert kept.split("\n")[1:3] == ["planted", instance.workspace_path], (
+        "the session's layer keeps its writes"
+    )
+    assert "No such file" in bash(second, f"cat {planted}"), "another session sees none of them"
+    # The gold patch, applied by the model, scores 1.0 with the tests run in a world.
+    _swedev(server, "process_action", sid=first, content=diff_block(instance.patch))
+    _swedev(server, "postprocess", sid=first)
+    reward = _swedev(server, "compute_reward", sid=first)
+    assert reward["reward"] == 1.0, reward
+    assert not os.path.exists(planted)

@@ -48,6 +48,7 @@ def make_manager(
             registry,
             LocalExecutor(engine_box.engine.runner, env),
             **({"clock": clock} if clock else {}),
+            runs_in_worlds=engine_box.engine.isolation.mode == "lite",
         )
         made.append(manager)
         return manager

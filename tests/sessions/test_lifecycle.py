@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from mocksandbox.execution.confinement import CgroupConfinement
+from mocksandbox.execution.world import lite_unavailable_reason
 from mocksandbox.sessions import (
     InstanceRegistry,
     SessionEndedError,
@@ -61,7 +63,9 @@ def test_sids_as_int_or_string_address_one_session(make_manager: MakeManager) ->
 
 
 NO_NAMESPACE = namespace_unavailable()  # None where this host gives each command a mount namespace
+NO_WORLD = lite_unavailable_reason("cgroup" if CgroupConfinement.available() else "process-group")
 ISOLATIONS = [
+    pytest.param("world", marks=pytest.mark.skipif(NO_WORLD is not None, reason=f"no worlds: {NO_WORLD}")),
     pytest.param(
         "namespace",
         marks=pytest.mark.skipif(NO_NAMESPACE is not None, reason=f"no mount namespaces: {NO_NAMESPACE}"),
