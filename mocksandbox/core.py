@@ -63,7 +63,7 @@ class MockSandbox:
         #: Dataset endpoints (/list_datasets, /get_prompts, /submit, ...); programs run on the engine.
         self.datasets = datasets if datasets is not None else DatasetService.from_settings(settings, engine)
         #: /run_jupyter; its kernel pool starts on first use (at once with ``jupyter_prewarm``).
-        self.jupyter = JupyterService(settings)
+        self.jupyter = JupyterService(settings, world=engine.world)
         #: swedev sessions (/start_instance, /process_action, /postprocess, /compute_reward).
         in_worlds = engine.isolation.mode == "lite"
         self.sessions = (

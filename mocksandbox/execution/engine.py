@@ -119,6 +119,7 @@ class ExecutionEngine:
         confinement_name: str = "",
         isolation: Isolation | None = None,
         runs_root: RunsRoot | None = None,
+        world: Mapping[str, Any] | None = None,
     ) -> None:
         self.settings = settings
         self.runner = runner
@@ -127,6 +128,9 @@ class ExecutionEngine:
         self.isolation = isolation if isolation is not None else Isolation("none")
         #: The tmpfs holding each request's layers under isolation lite, else ``None``.
         self.runs_root = runs_root
+        #: What each run's world is made of under isolation lite (the relays' config; Jupyter
+        #: kernels get worlds of the same), else ``None``.
+        self.world = dict(world) if world is not None else None
         #: The temp root's dirs as runs see them, worked out by the first request (lite).
         self._skeleton: list[tuple[str, int, int, int]] | None = None
         self._base_env = program_environment(os.environ, settings.run_env_keep)
@@ -465,7 +469,7 @@ def _start_engine(
             launcher.start()
             isolation = Isolation("lite", settings.run_network, "", hidden, hidden_variables, hidden_prefixed)
             runner = ProcessRunner(confinement, launcher, settings.max_output_bytes)
-            engine = ExecutionEngine(settings, runner, confinement.describe(), isolation, runs_root)
+            engine = ExecutionEngine(settings, runner, confinement.describe(), isolation, runs_root, world)
             engine.prove_isolation()
             return engine, confinement, launcher
         except (OSError, IsolationError) as exc:

@@ -31,6 +31,10 @@ Two isolation modes, chosen once per server (setting ``isolation``):
     ``/dev/null``, ``/sys`` is a read-only sysfs without cgroups, ``/dev`` holds only ``null``,
     ``zero``, ``full``, ``random``, ``urandom``, ``tty`` and a private ``pts``.
 
+swedev sessions (``mocksandbox.sessions.isolation.RunWorld``: a layer kept per session, the
+session's dirs bound) and Jupyter kernels (``mocksandbox/jupyter/_zygote.py``: a world made per
+kernel by the relay's own ``_World``) run in worlds too.
+
 ``auto`` is ``lite`` where this host allows it (root, cgroup confinement, overlayfs, namespaces;
 proved by one real run at start-up), else ``none`` with the reason.
 """

@@ -12,8 +12,16 @@ writes ``{"pid": N}`` (or ``{"error": "..."}``). It exits when its input closes 
 or died), and kills first the process group of every kernel it forked; a kernel also polls this
 process and exits when it is gone (killed itself, it can kill nothing).
 
-Usage: ``python _zygote.py MARKER`` (the marker, e.g. the pool's runtime directory, only names
-this process and its kernels in ``ps``).
+With ``--forkserver=PATH`` (the server's isolation is ``lite``) a request may carry ``"world"``:
+the kernel then gets a world of its own, as ``/run_code`` programs do (``PATH`` is mocksandbox's
+``forkserver.py``, whose ``_World`` makes it). The child forked is PID 1 of a new PID namespace;
+it makes the world (namespaces, its scratch tmpfs on ``world["scratch"]``, the mask, one overlay
+with the ``binds``), forks the kernel into it (chroot, fewer capabilities) and lives as long as the
+kernel does, reaping what the kernel's code leaves. Killing it ends every process of the world; it
+dies with this process.
+
+Usage: ``python _zygote.py MARKER [--forkserver=PATH]`` (the marker, e.g. the pool's runtime
+directory, only names this process and its kernels in ``ps``).
 """
 
 import json
@@ -38,18 +46,27 @@ def _reply(stream: IO[str], message: dict[str, Any]) -> None:
 
 
 def _run_kernel(
-    request: dict[str, Any], protocol_in: IO[str], protocol_out: IO[str], launcher_path: str
+    request: dict[str, Any],
+    protocol_in: IO[str] | None,
+    protocol_out: IO[str] | None,
+    launcher_path: str,
+    in_world: bool = False,
 ) -> NoReturn:
-    """In the child: become a kernel (never returns)."""
+    """In the child: become a kernel (never returns). In a world, its parent is the world's
+    PID 1, which dies with the zygote: no parent poller then (ipykernel keeps none for pid 1)."""
     code = 1
     try:
-        os.setsid()  # its own session and process group: killed as a group, apart from us
-        protocol_in.close()
-        protocol_out.close()
+        if not in_world:
+            os.setsid()  # its own session and process group: killed as a group, apart from us
+        for stream in (protocol_in, protocol_out):
+            if stream is not None:
+                stream.close()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # user code must be able to wait for children
-        os.chdir(request["cwd"])
+        os.chdir(request["world"]["cwd"] if in_world else request["cwd"])
         os.environ["JPY_PARENT_PID"] = str(os.getppid())
         sys.argv = [launcher_path, *request["argv"]]
+        if request.get("exec"):  # a fresh interpreter, as a spawned kernel
+            os.execv(sys.executable, [sys.executable, "-m", "ipykernel_launcher", *request["argv"]])
         from ipykernel.kernelapp import IPKernelApp
 
         # Its parent poller: the default comes from JPY_PARENT_PID as it was when the zygote
@@ -60,6 +77,84 @@ def _run_kernel(
         traceback.print_exc()
     finally:
         os._exit(code)
+
+
+_CLONE_NEWPID = 0x20000000
+_PR_SET_PDEATHSIG = 1
+
+
+class _Worlds:
+    """Makes kernels' worlds with the server's ``forkserver.py`` (loaded on first use)."""
+
+    def __init__(self, forkserver_path: str) -> None:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("_mocksandbox_forkserver", forkserver_path)
+        assert spec is not None and spec.loader is not None
+        self.fs = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(self.fs)
+        self.calls = self.fs._Syscalls()
+        self.own_pid_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        # Never written: its read end says "the zygote is gone" to a world's PID 1 (which cannot
+        # ask getppid(): its parent is outside its namespace).
+        self.alive_read, self.alive_write = os.pipe2(os.O_CLOEXEC)
+
+    def fork(self) -> int:
+        """Fork a child that is PID 1 of a new PID namespace (this process stays in its own)."""
+        self.calls.unshare(_CLONE_NEWPID)
+        try:
+            pid = os.fork()
+        except BaseException:
+            self.calls.setns(self.own_pid_namespace, _CLONE_NEWPID)
+            raise
+        if pid == 0:
+            os.close(self.own_pid_namespace)
+        else:  # the zygote's next children go where they used to
+            self.calls.setns(self.own_pid_namespace, _CLONE_NEWPID)
+        return pid
+
+    def become_world(
+        self, request: dict[str, Any], protocol_in: IO[str], protocol_out: IO[str], launcher_path: str
+    ) -> NoReturn:
+        """In the child (PID 1 of its namespace): make the world, fork the kernel into it, and
+        live as long as it does (never returns)."""
+        code = 1
+        try:
+            os.setsid()
+            import ctypes
+            import select
+
+            os.close(self.alive_write)
+            ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            if select.select([self.alive_read], [], [], 0)[0]:
+                os._exit(1)  # the zygote died before the line above: no one to serve
+            protocol_in.close()
+            protocol_out.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # ours to wait for
+            world = request["world"]
+            made = self.fs._World(world["config"], self.calls)
+            scratch = world["config"]["scratch"]
+            os.mkdir(scratch + "/u", 0o755)
+            os.mkdir(scratch + "/w", 0o700)
+            made.mount_run(
+                {"upper": scratch + "/u", "work": scratch + "/w", "lowers": [], "binds": world["binds"]}
+            )
+            kernel = os.fork()
+            if kernel == 0:
+                made.enter(world["cwd"])
+                _run_kernel(request, None, None, launcher_path, in_world=True)
+            while True:  # the kernel's orphans come here: reap them, until the kernel is gone
+                try:
+                    done, status = os.waitpid(-1, 0)
+                except InterruptedError:
+                    continue
+                if done == kernel:
+                    code = os.waitstatus_to_exitcode(status) & 0xFF
+                    break
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
 
 
 def main() -> int:
@@ -97,8 +192,10 @@ def main() -> int:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # kernels are reaped as soon as they exit
     _reply(protocol_out, {"ready": True, "pid": os.getpid()})
     kernels: list[int] = []
+    forkserver = next((a.split("=", 1)[1] for a in sys.argv[2:] if a.startswith("--forkserver=")), None)
+    worlds = _Worlds(forkserver) if forkserver else None
     try:
-        _serve(protocol_in, protocol_out, launcher_path, kernels)
+        _serve(protocol_in, protocol_out, launcher_path, kernels, worlds)
     finally:
         # The server closed our input: stopped, or killed without closing its kernels. A kernel
         # killed already is gone; one still running goes with everything its code started.
@@ -123,18 +220,31 @@ def _still_ours(pid: int) -> bool:
     return int(fields[1]) == os.getpid()
 
 
-def _serve(protocol_in: IO[str], protocol_out: IO[str], launcher_path: str, kernels: list[int]) -> None:
-    """Fork a kernel for each request read, until the input closes; their pids go in ``kernels``."""
+def _serve(
+    protocol_in: IO[str],
+    protocol_out: IO[str],
+    launcher_path: str,
+    kernels: list[int],
+    worlds: "_Worlds | None" = None,
+) -> None:
+    """Fork a kernel for each request read, until the input closes; their pids go in ``kernels``
+    (for a kernel in a world: its world's PID 1)."""
     for line in protocol_in:
         if not line.strip():
             continue
         request = json.loads(line)
+        in_world = request.get("world") is not None
+        if in_world and worlds is None:
+            _reply(protocol_out, {"error": "this fork server makes no worlds (no --forkserver)"})
+            continue
         try:
-            pid = os.fork()
+            pid = worlds.fork() if in_world and worlds is not None else os.fork()
         except OSError as exc:
             _reply(protocol_out, {"error": f"fork failed: {exc}"})
             continue
         if pid == 0:
+            if in_world and worlds is not None:
+                worlds.become_world(request, protocol_in, protocol_out, launcher_path)
             _run_kernel(request, protocol_in, protocol_out, launcher_path)
         kernels.append(pid)
         _reply(protocol_out, {"pid": pid})

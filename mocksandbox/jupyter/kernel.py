@@ -170,6 +170,8 @@ class Kernel:
         self.on_close: Callable[[], None] | None = None
         #: Characters kept per stream per cell (``None``: all).
         self.max_stream_chars: int | None = None
+        #: In a world of its own (isolation lite): its work dir, ``(on the host, in its world)``.
+        self.work: tuple[Path, str] | None = None
         self._closed = False
 
     @property
@@ -290,7 +292,7 @@ class Kernel:
 def new_connection_file(runtime_dir: Path) -> tuple[Path, dict[str, Any]]:
     """A connection file for a kernel on Unix sockets in ``runtime_dir`` (no TCP ports, no races),
     and what it says."""
-    runtime_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    runtime_dir.mkdir(mode=0o700, exist_ok=True)  # its parent, the pool's root, must be there
     info: dict[str, Any] = {
         "shell_port": 1,
         "iopub_port": 2,

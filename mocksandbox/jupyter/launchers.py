@@ -39,15 +39,24 @@ from mocksandbox.jupyter.kernel import (
 KERNEL_OPTIONS: tuple[str, ...] = ("--HistoryManager.enabled=False",)
 
 _ZYGOTE_SCRIPT = Path(__file__).with_name("_zygote.py")
+#: What makes a run's world (its ``_World``), loaded by the fork server when kernels get worlds.
+_FORKSERVER_SCRIPT = Path(__file__).parent.parent / "execution" / "forkserver.py"
 
 
 class KernelLauncher(Protocol):
     """Starts kernel processes; thread-safe."""
 
     name: str
+    #: What a kernel's world is made of (``forkserver._World``'s config but its scratch), or
+    #: ``None``: kernels run in the host's world.
+    world: dict[str, Any] | None
 
-    def launch(self, connection_file: Path, cwd: Path, deadline: float) -> KernelProcess:
-        """Start a kernel serving ``connection_file`` with ``cwd`` as its working directory."""
+    def launch(
+        self, connection_file: Path, cwd: Path, deadline: float, work: tuple[Path, str] | None = None
+    ) -> KernelProcess:
+        """Start a kernel serving ``connection_file`` with ``cwd`` as its working directory; in a
+        world of its own if :attr:`world`, with ``work = (host dir, where it sees it)`` bound in
+        and its working directory, and ``cwd`` (holding its sockets) bound in place."""
 
     def close(self) -> None:
         """Release what the launcher holds (not the kernels it started). Idempotent."""
@@ -57,12 +66,15 @@ class SpawnLauncher:
     """A new interpreter per kernel, as SandboxFusion's driver does."""
 
     name = "spawn"
+    world: dict[str, Any] | None = None  # never: in a world, kernels come from the fork server
 
     def __init__(self, python: str, env: Mapping[str, str]) -> None:
         self.python = python
         self.env = dict(env)
 
-    def launch(self, connection_file: Path, cwd: Path, deadline: float) -> KernelProcess:
+    def launch(
+        self, connection_file: Path, cwd: Path, deadline: float, work: tuple[Path, str] | None = None
+    ) -> KernelProcess:
         argv = [self.python, "-m", "ipykernel_launcher", "-f", str(connection_file), *KERNEL_OPTIONS]
         popen = subprocess.Popen(
             argv,
@@ -115,11 +127,23 @@ class ForkServerLauncher:
 
     name = "fork"
 
-    def __init__(self, python: str, env: Mapping[str, str], marker: str, startup_timeout: float) -> None:
+    def __init__(
+        self,
+        python: str,
+        env: Mapping[str, str],
+        marker: str,
+        startup_timeout: float,
+        world: Mapping[str, Any] | None = None,
+        exec_kernels: bool = False,
+    ) -> None:
         self.python = python
         self.env = dict(env)
         self.marker = marker
         self.startup_timeout = startup_timeout
+        self.world = dict(world) if world is not None else None
+        #: Each kernel a fresh interpreter (``exec``), as a spawned one: the ``spawn`` launcher's
+        #: cost, in a world.
+        self.exec_kernels = exec_kernels
         self._lock = threading.Lock()
         self._zygote: subprocess.Popen[bytes] | None = None
         self._channel: _LineChannel | None = None
@@ -130,8 +154,11 @@ class ForkServerLauncher:
         return self._zygote.pid if self._zygote is not None else None
 
     def _start_zygote(self) -> _LineChannel:
+        argv = [self.python, str(_ZYGOTE_SCRIPT), self.marker]
+        if self.world is not None:
+            argv.append(f"--forkserver={_FORKSERVER_SCRIPT}")
         zygote = subprocess.Popen(
-            [self.python, str(_ZYGOTE_SCRIPT), self.marker],
+            argv,
             env=self.env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -150,7 +177,22 @@ class ForkServerLauncher:
         self._zygote, self._channel = zygote, channel
         return channel
 
-    def launch(self, connection_file: Path, cwd: Path, deadline: float) -> KernelProcess:
+    def launch(
+        self, connection_file: Path, cwd: Path, deadline: float, work: tuple[Path, str] | None = None
+    ) -> KernelProcess:
+        request: dict[str, Any] = {"argv": ["-f", str(connection_file), *KERNEL_OPTIONS], "cwd": str(cwd)}
+        if self.exec_kernels:
+            request["exec"] = True
+        if self.world is not None:
+            if work is None:
+                raise KernelError("a kernel in a world needs its work dir")
+            scratch = cwd / "world"  # its own tmpfs goes there, in its own mount namespace
+            scratch.mkdir(mode=0o700, exist_ok=True)
+            request["world"] = {
+                "config": {**self.world, "scratch": str(scratch)},
+                "binds": [[str(cwd), str(cwd)], [str(work[0]), work[1]]],
+                "cwd": work[1],
+            }
         # The fork server is shared: its start and its answers get the start-up timeout, not one
         # request's deadline (a request out of time would otherwise tear it down for everyone).
         with self._lock:
@@ -163,7 +205,7 @@ class ForkServerLauncher:
                     self._zygote = self._channel = None
                 channel = self._start_zygote()
             try:
-                channel.send({"argv": ["-f", str(connection_file), *KERNEL_OPTIONS], "cwd": str(cwd)})
+                channel.send(request)
                 answer = channel.receive(time.monotonic() + self.startup_timeout)
             except (OSError, KernelError, DeadlineExceeded):
                 # A half-finished exchange leaves the channel out of step: start afresh next time.
@@ -201,13 +243,19 @@ class ForkServerLauncher:
 
 
 def create_launcher(
-    kind: str, python: str, env: Mapping[str, str], marker: str, startup_timeout: float
+    kind: str,
+    python: str,
+    env: Mapping[str, str],
+    marker: str,
+    startup_timeout: float,
+    world: Mapping[str, Any] | None = None,
 ) -> KernelLauncher:
-    """The launcher named by the ``jupyter_launcher`` setting."""
-    if kind == "spawn":
+    """The launcher named by the ``jupyter_launcher`` setting; kernels in worlds made of
+    ``world`` if given (both kinds then go through the fork server, which makes the worlds)."""
+    if kind == "spawn" and world is None:
         return SpawnLauncher(python, env)
-    if kind == "fork":
-        return ForkServerLauncher(python, env, marker, startup_timeout)
+    if kind in ("fork", "spawn"):
+        return ForkServerLauncher(python, env, marker, startup_timeout, world, exec_kernels=kind == "spawn")
     raise ValueError(f"unknown kernel launcher {kind!r} (use 'fork' or 'spawn')")
 
 

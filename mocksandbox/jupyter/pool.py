@@ -10,8 +10,11 @@ killed, so the pool cannot carry state from one request to the next.
 from __future__ import annotations
 
 import itertools
+import os
 import queue
+import secrets
 import shutil
+import tempfile
 import threading
 import time
 from collections import deque
@@ -45,24 +48,45 @@ class KernelStarter:
         self.launcher = launcher
         self.runtime_root = runtime_root
         self.max_stream_chars = max_stream_chars
+        #: Where kernels in worlds see their work dirs (the host's temp root, as /run_code runs).
+        self.view_tmp_root = tempfile.gettempdir()
         self._context = zmq.Context()  # one for all kernels' sockets (each socket serves one thread)
         self._numbers = itertools.count(1)
         self._lock = threading.Lock()
         self._processes: dict[int, KernelProcess] = {}
+        self._closed = False
 
     def __call__(self, deadline: float) -> Kernel:
         with self._lock:
+            if self._closed:
+                raise KernelError("the kernel starter is closed")
             number = next(self._numbers)
         kernel_dir = self.runtime_root / f"k{number}"
+        # (Never remade: once closed, the runtime root is gone, and a start still under way fails.)
         connection_file, info = new_connection_file(kernel_dir)
-        process = self.launcher.launch(connection_file, kernel_dir, deadline)
+        work: tuple[Path, str] | None = None
+        if self.launcher.world is not None:
+            # Where the request's files go on the host, and the temp dir its kernel sees them in
+            # (a name as SandboxFusion's kernels get).
+            work = (kernel_dir / "work", os.path.join(self.view_tmp_root, "tmp" + secrets.token_hex(4)))
+            work[0].mkdir(mode=0o700)
+        try:
+            process = self.launcher.launch(connection_file, kernel_dir, deadline, work)
+        except BaseException:
+            shutil.rmtree(kernel_dir, ignore_errors=True)
+            raise
         with self._lock:
-            self._processes[number] = process
+            closed = self._closed
+            if not closed:
+                self._processes[number] = process
         connection = None
         try:
+            if closed:  # closed while this one started: kill_all did not know it
+                raise KernelError("the kernel starter is closed")
             connection = KernelConnection(info, self._context)
             kernel = Kernel(process, connection, kernel_dir)
             kernel.max_stream_chars = self.max_stream_chars
+            kernel.work = work
             kernel.wait_ready(deadline)
         except BaseException:
             if connection is not None:
@@ -91,6 +115,8 @@ class KernelStarter:
             process.kill()
 
     def close(self) -> None:
+        with self._lock:
+            self._closed = True
         self.kill_all()
         self.launcher.close()
         self._context.term()  # every socket is closed by now (kernels close theirs)

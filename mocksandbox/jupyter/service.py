@@ -10,14 +10,18 @@ timed-out driver and no cells when the time ran out. Here the kernel comes from 
 
 from __future__ import annotations
 
+import base64
+import fcntl
 import json
 import math
 import os
+import secrets
 import shutil
+import stat
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -59,9 +63,77 @@ def driver_budget(total_timeout: float, max_timeout_s: float) -> float:
     return min(budget, max_timeout_s)
 
 
-def _runtime_root(tmp_root: str | None) -> Path:
+#: A kernel in a world writes the request's files itself (as ``restore_files`` does: relative to
+#: its dir, parents made, ``null`` and ``IGNORE_THIS_FILE`` names skipped), then goes to its dir.
+_WRITE_FILES = """
+import base64, os
+for name, content in FILES.items():
+    if not isinstance(content, str) or "IGNORE_THIS_FILE" in name:
+        continue
+    path = os.path.join(CWD, name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as handle:
+        handle.write(base64.b64decode(content))
+os.chdir(CWD)
+"""
+#: And copies the regular files asked for to ``OUT/<index>`` in its dir, for the server to read.
+_COPY_FILES = """
+import os, shutil
+os.mkdir(os.path.join(CWD, OUT), 0o700)
+for index, name in enumerate(NAMES):
+    path = os.path.join(CWD, name)
+    if os.path.isfile(path):
+        try:
+            shutil.copyfile(path, os.path.join(CWD, OUT, str(index)))
+        except OSError:
+            pass
+"""
+
+
+def _in_a_namespace(source: str, **names: Any) -> str:
+    """A cell running ``source`` with ``names`` in a namespace of its own: the user's sees nothing."""
+    return f"exec({source!r}, {names!r})"
+
+
+_RUNTIME_PREFIX = "mocksandbox-jupyter-"
+_OWNER_FILE = ".owner"
+
+
+def _runtime_root(tmp_root: str | None) -> tuple[Path, int]:
+    """A new runtime dir for the kernels, and the descriptor of its ``.owner`` file, locked while
+    this server lives: the dirs of servers killed without removing theirs are removed first."""
     base = tmp_root if tmp_root and len(tmp_root) <= _MAX_RUNTIME_DIR_LENGTH else None
-    return Path(tempfile.mkdtemp(prefix="mocksandbox-jupyter-", dir=base))
+    parent = base or tempfile.gettempdir()
+    reclaim_stale_runtime_roots(parent)
+    root = Path(tempfile.mkdtemp(prefix=_RUNTIME_PREFIX, dir=parent))
+    owner = os.open(root / _OWNER_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return root, owner
+
+
+def reclaim_stale_runtime_roots(parent: str) -> list[str]:
+    """Remove the kernels' runtime dirs in ``parent`` whose server is gone (nobody holds the lock
+    of their ``.owner`` file); what was removed."""
+    removed: list[str] = []
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(_RUNTIME_PREFIX)]
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(parent, name)
+        try:
+            owner = os.open(os.path.join(path, _OWNER_FILE), os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            continue  # not one that says whose it is
+        try:
+            fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # its server lives
+        finally:
+            os.close(owner)
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
 
 
 class CellRunner(Protocol):
@@ -94,12 +166,21 @@ class JupyterService:
     ``pool_factory`` replaces the real pool (tests pass fakes).
     """
 
-    def __init__(self, settings: Settings, pool_factory: Callable[[], Pool] | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        pool_factory: Callable[[], Pool] | None = None,
+        world: Mapping[str, Any] | None = None,
+    ) -> None:
         self.settings = settings
         self._pool_factory = pool_factory
+        #: Kernels get worlds of their own made of this (the engine's, under isolation lite).
+        self.world = dict(world) if world is not None else None
         self._lock = threading.Lock()
         self._pool: Pool | None = None
         self._starter: KernelStarter | None = None
+        #: The locked ``.owner`` file of the kernels' runtime dir, while there is one.
+        self._owner: int | None = None
         self._closed = False
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -112,7 +193,7 @@ class JupyterService:
                 self._pool = self._pool_factory()
             if self._pool is None:
                 settings = self.settings
-                runtime_root = _runtime_root(settings.tmp_root)
+                runtime_root, self._owner = _runtime_root(settings.tmp_root)
                 env = kernel_environment(
                     program_environment(os.environ, settings.run_env_keep), settings.python
                 )
@@ -122,6 +203,7 @@ class JupyterService:
                     env,
                     marker=str(runtime_root),
                     startup_timeout=settings.jupyter_startup_timeout_s,
+                    world=self.world,
                 )
                 # Output past the cap of /run_code's streams is dropped here too.
                 self._starter = KernelStarter(launcher, runtime_root, settings.max_output_bytes)
@@ -167,10 +249,13 @@ class JupyterService:
             self._closed = True
             pool, starter = self._pool, self._starter
             self._pool = None
+            owner, self._owner = self._owner, None
         if pool is not None:
             pool.close()
         if starter is not None:
-            starter.close()
+            starter.close()  # removes the runtime dir
+        if owner is not None:
+            os.close(owner)
 
     # -- the endpoint ---------------------------------------------------------------------------
 
@@ -189,8 +274,13 @@ class JupyterService:
         deadline = started + driver_budget(request.total_timeout, self.settings.max_timeout_s)
         workdir: str | None = None
         try:
-            workdir = tempfile.mkdtemp(dir=self.settings.tmp_root)
-            restore_files(workdir, request.files)
+            if self.world is None:
+                workdir = tempfile.mkdtemp(dir=self.settings.tmp_root)
+                restore_files(workdir, request.files)
+            else:  # written by the kernel, in its world; checked here first, as restore_files does
+                for content in request.files.values():
+                    if isinstance(content, str):
+                        base64.b64decode(content)
             cells, files = self._run_cells(request, workdir, deadline)
         except DeadlineExceeded:
             response.status = RunStatus.Failed
@@ -232,7 +322,7 @@ class JupyterService:
         return response
 
     def _run_cells(
-        self, request: RunJupyterRequest, workdir: str, deadline: float
+        self, request: RunJupyterRequest, workdir: str | None, deadline: float
     ) -> tuple[list[CellRunResult], dict[str, str]]:
         if time.monotonic() >= deadline:
             raise DeadlineExceeded("no time left to start a kernel")
@@ -240,13 +330,51 @@ class JupyterService:
         kernel: CellRunner
         kernel, _warm = pool.acquire(deadline)
         try:
-            # The kernel was started elsewhere; work where SandboxFusion's kernel starts, in the
-            # request's directory. This bookkeeping cell is In[1], so user cells are In[2], In[3], ...
-            kernel.run_setup(f"__import__('os').chdir({workdir!r})", deadline)
+            work: tuple[Path, str] | None = getattr(kernel, "work", None)
+            if work is None:
+                assert workdir is not None
+                # The kernel was started elsewhere; work where SandboxFusion's kernel starts, in the
+                # request's directory. This bookkeeping cell is In[1], so user cells are In[2], ...
+                kernel.run_setup(f"__import__('os').chdir({workdir!r})", deadline)
+                cells = [kernel.run_cell(code, deadline) for code in request.cells]
+                return cells, fetch_files(workdir, request.fetch_files)
+            # In a world: the files are written, and read back, by the kernel itself, in its view
+            # (absolute names land in its world, symlinks are followed there, never on the host).
+            host_dir, view_dir = work
+            kernel.run_setup(_in_a_namespace(_WRITE_FILES, FILES=dict(request.files), CWD=view_dir), deadline)
             cells = [kernel.run_cell(code, deadline) for code in request.cells]
-            return cells, fetch_files(workdir, request.fetch_files)
+            return cells, self._fetch_in_world(kernel, host_dir, view_dir, request.fetch_files, deadline)
         finally:
             pool.release(kernel)
+
+    @staticmethod
+    def _fetch_in_world(
+        kernel: CellRunner, host_dir: Path, view_dir: str, names: list[str], deadline: float
+    ) -> dict[str, str]:
+        """``fetch_files`` of a kernel in a world: it copies each regular file it sees among
+        ``names`` into a fresh dir of its work dir, read here without following any link."""
+        if not names:
+            return {}
+        out = ".mocksandbox-fetch-" + secrets.token_hex(6)
+        kernel.run_setup(_in_a_namespace(_COPY_FILES, NAMES=list(names), CWD=view_dir, OUT=out), deadline)
+        fetched: dict[str, str] = {}
+        try:
+            out_fd = os.open(host_dir / out, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            return fetched
+        try:
+            for index, name in enumerate(names):
+                try:
+                    fd = os.open(str(index), os.O_RDONLY | os.O_NOFOLLOW, dir_fd=out_fd)
+                except OSError:
+                    continue  # not a regular file in the kernel's view
+                with os.fdopen(fd, "rb") as handle:
+                    if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                        continue
+                    fetched[name] = base64.b64encode(handle.read()).decode("ascii")
+        finally:
+            os.close(out_fd)
+        return fetched
 
     def describe(self) -> dict[str, Any]:
         """The configuration, for the start-up banner."""

@@ -6,6 +6,7 @@ import ast
 import math
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -210,3 +211,53 @@ def test_lifecycle_with_a_fake_pool(tmp_path: Path) -> None:
     response = service.run_jupyter(request())
     assert response.status == RunStatus.SandboxError
     assert "closed" in response.message
+
+
+@pytest.fixture
+def short_tmp_path() -> Iterator[Path]:
+    """A temp dir with a path short enough for kernels' runtime dirs (Unix socket paths)."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="rt-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_runtime_dirs_of_killed_servers_are_reclaimed_and_live_ones_kept(short_tmp_path: Path) -> None:
+    """A server killed with SIGKILL leaves its kernels' runtime dir; the next one removes it, but
+    never the dir of a server that lives (it holds the lock of its ``.owner`` file)."""
+    import fcntl
+    import subprocess
+    import sys
+
+    tmp_path = short_tmp_path
+
+    from mocksandbox.jupyter.service import _runtime_root, reclaim_stale_runtime_roots
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "from mocksandbox.jupyter.service import _runtime_root\nimport sys\n"
+         f"root, _ = _runtime_root({str(tmp_path)!r}); print(root, flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout is not None
+    live = Path(holder.stdout.readline().strip())
+    assert live.parent == tmp_path
+    killed = tmp_path / "mocksandbox-jupyter-killed"
+    (killed / "k1").mkdir(parents=True)
+    (killed / ".owner").touch()  # its lock went with its process
+    unknown = tmp_path / "mocksandbox-jupyter-noowner"  # whose? not ours to remove
+    unknown.mkdir()
+    try:
+        assert reclaim_stale_runtime_roots(str(tmp_path)) == [str(killed)]
+        assert live.is_dir() and unknown.is_dir() and not killed.exists()
+        mine, owner = _runtime_root(str(tmp_path))
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(os.open(mine / ".owner", os.O_RDWR), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(owner)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert str(live) in reclaim_stale_runtime_roots(str(tmp_path))

@@ -408,3 +408,56 @@ def test_swedev_sessions_run_in_worlds_of_their_own(
     reward = _swedev(server, "compute_reward", sid=first)
     assert reward["reward"] == 1.0, reward
     assert not os.path.exists(planted)
+
+
+def test_jupyter_kernels_run_in_worlds_of_their_own(server: ServeProcess, tmp_path: Path, home: Path) -> None:
+    """A kernel's cells: the host untouched, secrets, host services and the API out of reach, no
+    signal to the server; ``files`` and ``fetch_files`` (absolute names, links) in its view."""
+    if "jupyter: off" in "".join(server.banner):
+        pytest.skip("no ipykernel for the server's interpreter")
+    canary = tmp_path / "canary"
+    canary.write_text("keep me")
+    planted = f"/etc/mocksandbox-kernel-{os.getpid()}"
+    api_port = int(server.url.rsplit(":", 1)[1])
+    cells = [
+        "import os, signal, socket\n"
+        f"os.remove({str(canary)!r})\n"
+        f"open({planted!r}, 'w').write('x')\n"
+        "print(os.getcwd().startswith('/tmp/tmp'), sorted(int(p) for p in os.listdir('/proc') if p.isdigit())[:2])",
+        f"print(os.listdir({str(home / '.ssh')!r}))\n"
+        "try:\n"
+        f"    socket.create_connection(('127.0.0.1', {api_port}), timeout=2); print('reached')\n"
+        "except OSError as error: print(type(error).__name__)",
+        "try:\n"
+        "    os.kill(-1, signal.SIGKILL)\n"
+        "except ProcessLookupError:\n"
+        "    pass  # nothing else to signal\n"
+        "print(open('in.txt').read(), open('/data/in.txt').read())\n"
+        "os.makedirs('/results', exist_ok=True)\n"
+        "open('/results/out.txt', 'w').write('out')\n"
+        f"os.symlink({str(home / '.netrc')!r}, 'key')",
+    ]
+    files = {"in.txt": base64.b64encode(b"rel").decode(), "/data/in.txt": base64.b64encode(b"abs").decode()}
+    try:
+        response = requests.post(
+            f"{server.url}/run_jupyter",
+            json={
+                "cells": cells,
+                "files": files,
+                "fetch_files": ["/results/out.txt", "key", "in.txt", "nothing"],
+            },
+            timeout=120,
+            proxies=NO_PROXY,
+        )
+        answer = response.json()
+        assert answer["status"] == "Success", answer
+        outputs = [cell["stdout"] for cell in answer["cells"]]
+        assert outputs == ["True [1, 2]\n", "[]\nConnectionRefusedError\n", "rel abs\n"], answer["cells"]
+        fetched = {name: base64.b64decode(value) for name, value in answer["files"].items()}
+        assert fetched == {"/results/out.txt": b"out", "key": b"", "in.txt": b"rel"}
+        assert canary.read_text() == "keep me"
+        assert not os.path.exists(planted) and not os.path.exists("/data/in.txt")
+        assert server.process.poll() is None
+    finally:
+        if os.path.exists(planted):  # were it to escape
+            os.remove(planted)
