@@ -58,6 +58,8 @@ class DatasetService:
         self.tokenizer = tokenizer
         self.tokenizer_note = tokenizer_note
         self.assets_dir = assets_dir
+        #: Where the assets were found when nobody said (for the start-up lines), else empty.
+        self.assets_note = ""
 
     @classmethod
     def from_settings(cls, settings: Settings, runner: CodeRunner) -> DatasetService:
@@ -65,19 +67,25 @@ class DatasetService:
         fails here with :class:`~mocksandbox.datasets.errors.DatasetLoadError`, not at a request."""
         directories = dataset_directories(settings.datasets_dirs, settings.sample_datasets)
         registry = DatasetRegistry(TableStore.from_directories(directories))
-        tokenizer, note = find_gpt2_tokenizer(settings.dataset_assets_dir)
-        return cls(
+        assets_dir = settings.dataset_assets_dir or sandboxfusion_assets(settings.datasets_dirs)
+        tokenizer, note = find_gpt2_tokenizer(assets_dir)
+        service = cls(
             registry,
             runner,
             max_runner_concurrency=settings.max_runner_concurrency,
             tokenizer=tokenizer,
             tokenizer_note=note,
-            assets_dir=settings.dataset_assets_dir,
+            assets_dir=assets_dir,
         )
+        if assets_dir and not settings.dataset_assets_dir:
+            service.assets_note = (
+                f"assets (tokenizer, CRUXEval-X examples) from the SandboxFusion checkout: {assets_dir}"
+            )
+        return service
 
     def startup_notes(self) -> list[str]:
         """What the server's start-up lines say about datasets this host cannot fully serve."""
-        notes = []
+        notes = [self.assets_note] if self.assets_note else []
         for cls in self.registry.classes.values():
             tool = _TOOLS.get(cls.class_name)
             if tool and shutil.which(tool) is None:
@@ -134,3 +142,13 @@ class DatasetService:
             raise
         except Exception as exc:
             raise DatasetHTTPError.uncaught(exc) from None
+
+
+def sandboxfusion_assets(datasets_dirs: list[str]) -> str | None:
+    """The ``assets/`` of the SandboxFusion checkout a datasets dir is in (its
+    ``sandbox/tests/datasets/samples``, say), where SandboxFusion itself finds them; else ``None``."""
+    for directory in datasets_dirs:
+        for candidate in (Path(directory).resolve(), *Path(directory).resolve().parents):
+            if (candidate / "assets").is_dir() and (candidate / "sandbox").is_dir():
+                return str(candidate / "assets")
+    return None

@@ -10,7 +10,6 @@ plugin's ``--mocksandbox-record URL``).
 
 from __future__ import annotations
 
-import io
 import json
 import time
 from collections.abc import Callable, Iterable
@@ -49,19 +48,6 @@ def send(reply: Reply, start_response: StartResponse) -> list[bytes]:
 def json_reply(status: int, content: Any) -> Reply:
     body = json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode()
     return Reply(status, (("Content-Type", "application/json"),), body)
-
-
-def read_whole_body(environ: dict[str, Any]) -> bytes:
-    """The request body, read once and put back for the layers below."""
-    stream = environ["wsgi.input"]
-    try:
-        length = int(environ.get("CONTENT_LENGTH") or -1)
-    except ValueError:
-        length = -1
-    raw: bytes = stream.read(length) if length >= 0 else stream.read()
-    environ["wsgi.input"] = io.BytesIO(raw)
-    environ["CONTENT_LENGTH"] = str(len(raw))
-    return raw
 
 
 def recorded_request(environ: dict[str, Any], raw: bytes) -> RecordedRequest:
@@ -104,7 +90,9 @@ class CassetteLayer:
         if handler is None or str(environ.get("PATH_INFO", "")).startswith(CONTROL_PREFIX):
             return self.app(environ, start_response)
         started = self._clock()
-        raw = read_whole_body(environ)
+        from mocksandbox.web.middleware import read_body_once  # (imports this module's importers)
+
+        raw = read_body_once(environ)
         if isinstance(handler, Recorder):
             return send(forward_and_record(handler, environ, raw), start_response)
         return self._replay(handler, environ, raw, started, start_response)

@@ -13,8 +13,9 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from mocksandbox.recording.layer import forward_and_record, read_whole_body, send
+from mocksandbox.recording.layer import forward_and_record, send
 from mocksandbox.recording.recorder import Recorder
+from mocksandbox.web.middleware import read_body_once
 
 StartResponse = Callable[..., Any]
 
@@ -26,7 +27,7 @@ class RecordingProxy:
         self.recorder = recorder
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        raw = read_whole_body(environ)
+        raw = read_body_once(environ)
         return send(forward_and_record(self.recorder, environ, raw), start_response)
 
 

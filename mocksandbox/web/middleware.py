@@ -76,14 +76,23 @@ class _Answer:
 
 
 def read_body_once(environ: dict[str, Any]) -> bytes:
-    """The request body (``CONTENT_LENGTH`` bytes; none without it), read once and put back, with
-    its true length, for the layers below."""
+    """The request body, read once and put back, with its true length, for the layers below.
+
+    A request has a body only with a ``Content-Length`` or a chunked one (the server dechunks it
+    and says so with ``wsgi.input_terminated``). Without either there is none: reading "to the
+    end" would wait for a client that sent ``Connection: close`` (urllib, HTTP/1.0) to close a
+    connection it keeps open for the answer."""
     try:
-        length = int(environ.get("CONTENT_LENGTH") or 0)
+        length = int(environ.get("CONTENT_LENGTH") or -1)
     except ValueError:
-        length = 0
+        length = -1
     stream = environ["wsgi.input"]
-    raw: bytes = stream.read(length) if length > 0 else b""
+    if length >= 0:
+        raw: bytes = stream.read(length) if length > 0 else b""
+    elif environ.get("wsgi.input_terminated"):
+        raw = stream.read()
+    else:
+        raw = b""
     environ["wsgi.input"] = io.BytesIO(raw)
     environ["CONTENT_LENGTH"] = str(len(raw))
     return raw

@@ -180,3 +180,28 @@ def test_custom_extract_logic_picks_the_code(service: DatasetService) -> None:
     )
     assert result.extracted_code == "print('answers mock the')"
     assert [t.passed for t in result.tests] == [True, False]
+
+
+def test_datasets_inside_a_sandboxfusion_checkout_find_its_assets(
+    tmp_path: Any, engine: ExecutionEngine
+) -> None:
+    """``--datasets <checkout>/sandbox/tests/datasets/samples`` finds ``<checkout>/assets`` as
+    SandboxFusion does; ``--dataset-assets`` still wins; elsewhere there are none."""
+    from mocksandbox.datasets.service import sandboxfusion_assets
+
+    checkout = tmp_path / "SandboxFusion"
+    samples = checkout / "sandbox" / "tests" / "datasets" / "samples"
+    samples.mkdir(parents=True)
+    (checkout / "assets" / "cruxeval_x_utils").mkdir(parents=True)
+    elsewhere = tmp_path / "mine"
+    elsewhere.mkdir()
+    assert sandboxfusion_assets([str(samples)]) == str(checkout / "assets")
+    assert sandboxfusion_assets([str(elsewhere), str(samples)]) == str(checkout / "assets")
+    assert sandboxfusion_assets([str(elsewhere)]) is None
+    found = DatasetService.from_settings(
+        Settings(datasets_dirs=[str(samples)], sample_datasets=False), engine
+    )
+    assert found.assets_dir == str(checkout / "assets")
+    assert any("from the SandboxFusion checkout" in note for note in found.startup_notes())
+    given = Settings(datasets_dirs=[str(samples)], sample_datasets=False, dataset_assets_dir=str(elsewhere))
+    assert DatasetService.from_settings(given, engine).assets_dir == str(elsewhere)

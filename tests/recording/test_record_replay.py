@@ -11,6 +11,8 @@ import base64
 import json
 import shutil
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -379,3 +381,56 @@ def test_an_upstream_that_drops_the_connection_drops_the_clients_and_nothing_is_
         upstream.sandbox.reset()
     assert after.status_code == 200
     assert [e.status for e in read_cassette(cassette)] == [200]
+
+
+def _raw_exchange(url: str, request: bytes) -> bytes:
+    """``request`` sent as it is on a new connection; everything the server sends back until it
+    closes the connection (or 10 s pass: a hang fails the test, it does not stall the suite)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
+        sock.sendall(request)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+    return received
+
+
+@pytest.mark.parametrize("through", ["recorder", "mock"])
+def test_every_client_is_answered_connection_close_http_1_0_and_chunked_bodies(
+    upstream: ServerThread, tmp_path: Path, through: str
+) -> None:
+    """urllib (``Connection: close``), http.client, a raw HTTP/1.0 request and a chunked body:
+    each gets its answer at once, through ``mocksandbox record`` and from the mock itself."""
+    import http.client
+    import urllib.request
+    from urllib.parse import urlsplit
+
+    cassette = tmp_path / "clients.jsonl"
+    with recording(upstream.url, cassette) if through == "recorder" else _nothing(upstream.url) as url:
+        assert urllib.request.urlopen(f"{url}/v1/ping", timeout=10).read() == b'"pong"'
+        parts = urlsplit(url)
+        connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=10)
+        connection.request("GET", "/v1/ping", headers={"Connection": "close"})
+        assert connection.getresponse().read() == b'"pong"'
+        connection.close()
+        old = _raw_exchange(url, b"GET /v1/ping HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        assert old.startswith(b"HTTP/1.") and old.endswith(b'"pong"'), old
+        body = json.dumps({"code": "print(6 * 7)", "language": "python"}).encode()
+        chunked = (
+            b"POST /run_code HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+            + f"{len(body[:10]):x}\r\n".encode() + body[:10] + b"\r\n"
+            + f"{len(body[10:]):x}\r\n".encode() + body[10:] + b"\r\n0\r\n\r\n"
+        )  # fmt: skip
+        answer = _raw_exchange(url, chunked)
+        assert answer.startswith(b"HTTP/1.1 200") and b'"stdout":"42\\n"' in answer, answer
+    if through == "recorder":
+        assert [e.request.path for e in read_cassette(cassette)] == ["/v1/ping"] * 3 + ["/run_code"]
+
+
+@contextmanager
+def _nothing(url: str) -> Iterator[str]:
+    yield url
