@@ -31,7 +31,11 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --no-deps --target $(TEST_VENDOR) 'verl==0.9.1'
 	touch $@
 
+# User code gets an environment of its own, apart from the server's venv: SandboxFusion's pinned
+# Python runtime (numpy, pandas, pytest 7.4, ...) in the runtime dir, once (idempotent: a check
+# after that). The server then runs user Python with it (setting `python`).
 serve: $(VENV)/.installed-serve
+	$(BIN)/mocksandbox runtime install --languages python
 	$(BIN)/mocksandbox serve --host $(HOST) --port $(PORT)
 
 lint: $(VENV)/.installed-test

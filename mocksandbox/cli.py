@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import shutil
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mocksandbox import __version__
@@ -37,6 +39,7 @@ def _serve(args: argparse.Namespace) -> int:
                 "run_env_keep": args.run_env_keep,
                 "exec_mode": args.exec_mode,
                 "max_output_bytes": args.max_output_bytes,
+                "output_mode": args.output_mode,
                 "access_log": args.access_log or None,
                 "allowed_hosts": args.allow_host,
                 "allow_any_host": args.allow_any_host or None,
@@ -169,6 +172,12 @@ def sandbox_banner(sandbox: MockSandbox, settings: Settings) -> list[str]:
     ]
     lines.append(f"  memory budget: {sandbox.confinement.memory_budget.describe()}")
     lines.append(f"  user python: {settings.python} (exec mode: {settings.exec_mode})")
+    if shares_server_environment(settings.python):
+        lines.append(
+            "  user python: user code shares this server's environment (its packages and mocksandbox "
+            "itself; SandboxFusion's runtime has pytest 7.4 and none of them): "
+            "`mocksandbox runtime install --languages python` (as `make serve` does) gives it its own"
+        )
     lines.append(f"  runtime: {describe_runtime(settings)}")
     if settings.max_in_flight:
         lines.append(f"  cap: {settings.max_in_flight} in flight, then {settings.overload}")
@@ -199,6 +208,18 @@ def sandbox_banner(sandbox: MockSandbox, settings: Settings) -> list[str]:
         lines.append(f"  swedev backend: tests run with {backend.describe()}")
     lines.append(f"  swedev isolation: {sessions.isolation()[1]}")
     return lines
+
+
+def shares_server_environment(python: str) -> bool:
+    """Whether ``python`` is this server's own environment (its venv, or the system Python it runs
+    in): user code run with it imports the server's packages."""
+    executable = Path(python)
+    if not executable.is_absolute():
+        found = shutil.which(python)
+        if found is None:
+            return False
+        executable = Path(found)
+    return executable.absolute().parent.parent == Path(sys.prefix).absolute()
 
 
 def describe_runtime(settings: Settings) -> str:
@@ -391,6 +412,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="fork (default): Python runs in a forked warm interpreter; spawn: a new process per run",
     )
     serve.add_argument("--max-output-bytes", type=int, metavar="N", help="cap per output stream")
+    serve.add_argument(
+        "--output-mode",
+        choices=["complete", "sandboxfusion"],
+        help="complete: drain every stream (default; answers SandboxFusion would cut get a divergence "
+        "note); sandboxfusion: SandboxFusion's reader, which stalls programs past ~128 KiB of output",
+    )
     serve.add_argument("--access-log", action="store_true", help="log each request line")
     serve.add_argument("--faults", metavar="FILE", help="fault rules to apply (.json, .yaml or .toml)")
     serve.add_argument(

@@ -10,8 +10,9 @@ Every request that the matcher accepts counts as one *match* of the rule (1, 2, 
 schedule decides from that count (and a seeded random stream, and the rule's age) whether the
 rule fires. The same seed and the same order of requests give the same faults.
 
-Several rules can fire on one request: delays add up and the request goes on; the first rule with
-any other action decides the answer.
+Several rules can fire on one request: delays add up and the request goes on, as it does after an
+``output_mode`` rule (the first one sets the request's output mode); the first rule with any other
+action decides the answer.
 """
 
 from __future__ import annotations
@@ -85,6 +86,14 @@ class DelayAction(_Strict):
         return self
 
 
+class OutputModeAction(_Strict):
+    """Run the request with this output mode (``sandboxfusion``: SandboxFusion's stalling reader;
+    see :mod:`mocksandbox.divergence`), then go on like a delay: later rules still decide."""
+
+    type: Literal["output_mode"] = "output_mode"
+    mode: Literal["complete", "sandboxfusion"] = "sandboxfusion"
+
+
 class StatusAction(_Strict):
     """Answer with this HTTP status instead of running the request (429, 500, 502, 503, 504, ...)."""
 
@@ -140,6 +149,7 @@ class SlowBodyAction(_Strict):
 
 FaultAction = Annotated[
     DelayAction
+    | OutputModeAction
     | StatusAction
     | SandboxErrorAction
     | ResetAction
@@ -266,6 +276,8 @@ class FaultDecision:
     #: The rule whose action replaces or alters the answer, if any.
     action: Any = None
     rule_ids: tuple[str, ...] = ()
+    #: The output mode a rule asked for (the first that did), else ``None``: the server's.
+    output_mode: str | None = None
 
     @property
     def applied(self) -> bool:
@@ -313,17 +325,22 @@ class FaultInjector:
         """Which rules fire on ``request``: the summed delay and the deciding action."""
         delay = 0.0
         fired: list[str] = []
+        mode: str | None = None
         with self._lock:
             now = self._clock()
             for rule in self._rules:
                 if not rule.consider(request, now):
                     continue
                 fired.append(rule.id)
-                if isinstance(rule.spec.action, DelayAction):
+                action = rule.spec.action
+                if isinstance(action, DelayAction):
                     delay += rule.delay_seconds()
                     continue
-                return FaultDecision(delay, rule.spec.action, tuple(fired))
-        return FaultDecision(delay, None, tuple(fired))
+                if isinstance(action, OutputModeAction):
+                    mode = mode or action.mode
+                    continue
+                return FaultDecision(delay, action, tuple(fired), mode)
+        return FaultDecision(delay, None, tuple(fired), mode)
 
 
 def validate_fault_spec(spec: FaultSpec | Mapping[str, Any]) -> FaultSpec:

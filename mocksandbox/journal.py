@@ -48,6 +48,9 @@ class JournalEntry:
     worker: str | None = None
     #: The cassette recording that answered it (``cassette.jsonl:12``), ``None`` if it was not replayed.
     replayed: str | None = None
+    #: Where SandboxFusion would have answered differently (``kind: detail``; see
+    #: :mod:`mocksandbox.divergence`): beside the answer, never in it.
+    divergences: list[str] = field(default_factory=list)
 
     @property
     def body(self) -> Any:
@@ -82,7 +85,8 @@ class JournalEntry:
         lang = f" {self.language}" if self.language else ""
         fault = f" fault={self.fault_action}" if self.fault_action else ""
         replayed = f" replayed={self.replayed}" if self.replayed else ""
-        answer = f"{self.status}{fault}{replayed}"
+        diverged = f" divergences={len(self.divergences)}" if self.divergences else ""
+        answer = f"{self.status}{fault}{replayed}{diverged}"
         return f"#{self.id} {self.method} {self.path}{lang} -> {answer} ({self.outcome})"
 
     def brief(self) -> dict[str, Any]:
@@ -102,6 +106,7 @@ class JournalEntry:
             "outcome": self.outcome,
             "faults": list(self.faults),
             "fault_action": self.fault_action,
+            "divergences": list(self.divergences),
         }
 
 
@@ -135,6 +140,8 @@ class Journal:
             self.by_path: Counter[str] = Counter()
             self.by_status: Counter[str] = Counter()
             self.faults_fired: Counter[str] = Counter()
+            #: Divergence notes by kind (``output``, ``toolchain``, ...).
+            self.divergences: Counter[str] = Counter()
             self.rejected = 0
             self.dropped = 0
             #: Requests answered from a cassette so far, by request key (the next one's turn).
@@ -205,7 +212,10 @@ class Journal:
         """Which rules fired on ``entry``, and the type of the deciding action."""
         with self._lock:
             entry.faults = list(decision.rule_ids)
-            entry.fault_action = getattr(decision.action, "type", "delay" if decision.delay_seconds else None)
+            modifier = "output_mode" if decision.output_mode else None
+            entry.fault_action = getattr(
+                decision.action, "type", "delay" if decision.delay_seconds else modifier
+            )
 
     def finish_id(
         self,
@@ -214,12 +224,13 @@ class Journal:
         response: bytes | None,
         outcome: str = "answered",
         at: float | None = None,
+        divergences: Iterable[str] = (),
     ) -> None:
         """:meth:`finish` for the entry begun with ``entry_id`` (ignored after a reset)."""
         with self._lock:
             entry = self._pending.get(entry_id)
         if entry is not None:
-            self.finish(entry, status, response, outcome, at)
+            self.finish(entry, status, response, outcome, at, divergences)
 
     def finish(
         self,
@@ -228,12 +239,17 @@ class Journal:
         response: bytes | None,
         outcome: str = "answered",
         at: float | None = None,
+        divergences: Iterable[str] = (),
     ) -> None:
-        """Record the answer to ``entry`` (``at``: a clock reading, when another process saw it)."""
+        """Record the answer to ``entry`` (``at``: a clock reading, when another process saw it),
+        and where SandboxFusion would have answered differently."""
         with self._lock:
             if self._pending.pop(entry.id, None) is None:
                 return  # finished already, or begun before a reset
             entry.status, entry.outcome = status, outcome
+            entry.divergences = list(divergences)
+            for text in entry.divergences:
+                self.divergences[text.split(":", 1)[0]] += 1
             if response is not None:
                 entry.raw_response = response[:BODY_LIMIT]
                 entry.response_truncated = len(response) > BODY_LIMIT
@@ -257,6 +273,7 @@ class Journal:
                 "by_path": dict(self.by_path),
                 "by_status": dict(self.by_status),
                 "faults_fired": dict(self.faults_fired),
+                "divergences": {"total": sum(self.divergences.values()), "by_kind": dict(self.divergences)},
                 "rejected_by_cap": self.rejected,
                 "dropped": self.dropped,
             }

@@ -30,6 +30,13 @@ Markers
     The test's server answers from a cassette (``mocksandbox record``; path relative to the test
     file); ``mode`` ``fallback`` runs unmatched requests, ``prefer-local`` replays only languages
     this host lacks (see :mod:`mocksandbox.recording.replay`).
+``@pytest.mark.mocksandbox_output_mode("sandboxfusion", **match)``
+    The test's requests (those ``match`` accepts, as a fault rule's matcher does) get
+    SandboxFusion's output behaviour: a program that writes more than ~128 KiB to a stream stalls
+    and ends at ``run_timeout`` as there (see :mod:`mocksandbox.divergence`).
+``@pytest.mark.mocksandbox_fail_on_divergence``
+    The test fails if the mock answered one of its requests where SandboxFusion would have
+    answered differently (as ``--mocksandbox-fail-on-divergence`` does for every test).
 ``@pytest.mark.mocksandbox_workers(2)``
     The test's ``mocksandbox`` handle is a server of N worker processes over one control state
     (``serve --workers N``), started once per session (and xdist worker) for each N asked for.
@@ -47,6 +54,9 @@ Options
 ``mocksandbox`` handle of every test without the marker (default 1: one in-process server).
 ``--mocksandbox-record URL``: marked tests talk to the live deployment at URL through a recorder
 that re-records their cassettes (xdist-safe; see :mod:`mocksandbox.recording.pytest_support`).
+``--mocksandbox-fail-on-divergence`` (or ini ``mocksandbox_fail_on_divergence = true``): a test
+fails when the mock answered one of its requests where SandboxFusion would have answered
+differently. Without it, those divergences are listed in the summary, test by test.
 ``--mocksandbox-export-env`` (or ini ``mocksandbox_export_env = true``): start the server when
 pytest starts (in each xdist worker) and export ``SANDBOX_FUSION_URL`` / ``SANDBOX_FUSION_ENDPOINT``
 before collection, so that suites which skip at import time without a live sandbox URL run.
@@ -55,7 +65,7 @@ before collection, so that suites which skip at import time without a live sandb
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -95,6 +105,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="re-record the cassettes of mocksandbox_cassette tests against the deployment at URL",
     )
     group.addoption(
+        "--mocksandbox-fail-on-divergence",
+        action="store_true",
+        default=None,
+        help="fail a test whose requests the mock answered where SandboxFusion would have answered "
+        "differently (they are listed in the summary either way)",
+    )
+    parser.addini(
+        "mocksandbox_fail_on_divergence",
+        "fail tests on divergences from SandboxFusion",
+        type="bool",
+        default=False,
+    )
+    group.addoption(
         "--mocksandbox-export-env",
         action="store_true",
         default=None,
@@ -114,6 +137,16 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "mocksandbox_workers(n): serve this test's mocksandbox from n worker processes"
     )
     config.addinivalue_line(
+        "markers",
+        "mocksandbox_output_mode(mode='sandboxfusion', **match): this test's requests get "
+        "SandboxFusion's output behaviour (a program past ~128 KiB of output stalls)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "mocksandbox_fail_on_divergence: fail if the mock answered a request of this test where "
+        "SandboxFusion would have answered differently",
+    )
+    config.addinivalue_line(
         "markers", "mocksandbox_fleet(replicas=2, **deploy): the Ray Serve fleet behind mocksandbox_fleet"
     )
     config.addinivalue_line(
@@ -121,6 +154,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "mocksandbox_cassette(path, mode='strict', timing=False, redact=()): answer this test's "
         "requests from a cassette (--mocksandbox-record URL re-records it)",
     )
+    config.pluginmanager.register(_DivergenceSummary(), "mocksandbox-divergences")
     export = config.getoption("--mocksandbox-export-env") or config.getini("mocksandbox_export_env")
     is_xdist_controller = bool(getattr(config.option, "numprocesses", None)) and not hasattr(
         config, "workerinput"
@@ -207,6 +241,12 @@ class MockSandboxHandle:
             action["message"] = message
         return self.add_fault(match={"path": path}, action=action, schedule=schedule)
 
+    def output_mode(self, mode: str = "sandboxfusion", **match: Any) -> FaultRule:
+        """Serve matching requests (all, by default) with this output mode: ``sandboxfusion`` for
+        SandboxFusion's stalling reader, ``complete`` for the mock's (see
+        :mod:`mocksandbox.divergence`)."""
+        return self.add_fault(match=match, action={"type": "output_mode", "mode": mode})
+
     def clear_faults(self) -> None:
         self.sandbox.clear_faults()
 
@@ -226,6 +266,11 @@ class MockSandboxHandle:
 
     def stats(self) -> dict[str, Any]:
         return self.sandbox.stats()
+
+    def divergences(self) -> list[JournalEntry]:
+        """The journal entries (since the test began) that SandboxFusion would have answered
+        differently, each with its ``divergences`` notes."""
+        return [entry for entry in self.sandbox.requests() if entry.divergences]
 
     def reset(self) -> None:
         self.sandbox.reset()
@@ -281,6 +326,10 @@ def _prepare(box: MockSandbox | PoolControl | Fleet, node: pytest.Item) -> None:
             box.add_fault(rule)
     for marker in node.iter_markers("mocksandbox_capacity"):
         box.set_capacity(**marker.kwargs)
+    for marker in node.iter_markers("mocksandbox_output_mode"):
+        mode = marker.args[0] if marker.args else marker.kwargs.get("mode", "sandboxfusion")
+        match = {k: v for k, v in marker.kwargs.items() if k != "mode"}
+        box.add_fault({"match": match, "action": {"type": "output_mode", "mode": mode}})
     if node.get_closest_marker("mocksandbox_cassette") is not None:
         from mocksandbox.recording.pytest_support import use_cassette
 
@@ -442,3 +491,98 @@ def mocksandbox_fleet(request: pytest.FixtureRequest) -> Iterator[MockSandboxHan
     _prepare(fleet, request.node)
     yield MockSandboxHandle(fleet, fleet.url)
     _reraise_server_errors(fleet)
+
+
+# -- where SandboxFusion would have answered differently (mocksandbox.divergence) --------------------
+
+#: The report's user property holding a test's divergences: ``[(entry summary, [note, ...]), ...]``
+#: (a user property, so that xdist brings it from the worker to the summary).
+DIVERGENCE_PROPERTY = "mocksandbox_divergences"
+_DIVERGED = pytest.StashKey[list[tuple[str, list[str]]]]()
+
+
+def _remember_divergences(item: pytest.Item) -> list[tuple[str, list[str]]]:
+    """The divergences of the requests the test's ``mocksandbox`` handles served (their journals
+    were reset when the test began), kept on the item for its report."""
+    diverged: list[tuple[str, list[str]]] = []
+    for value in getattr(item, "funcargs", {}).values():
+        if isinstance(value, MockSandboxHandle):
+            try:
+                entries = value.divergences()
+            except Exception:  # the server is gone (the test's own doing): nothing to report
+                continue
+            diverged += [(entry.summary(), list(entry.divergences)) for entry in entries]
+    item.stash[_DIVERGED] = diverged
+    return diverged
+
+
+def _fails_on_divergence(item: pytest.Item) -> bool:
+    config = item.config
+    return bool(
+        item.get_closest_marker("mocksandbox_fail_on_divergence") is not None
+        or config.getoption("--mocksandbox-fail-on-divergence")
+        or config.getini("mocksandbox_fail_on_divergence")
+    )
+
+
+def _describe_divergences(diverged: list[tuple[str, list[str]]]) -> str:
+    lines = ["the mock answered where SandboxFusion would have answered differently:"]
+    for summary, notes in diverged:
+        lines.append(f"  {summary}")
+        lines += [f"    {note}" for note in notes]
+    return "\n".join(lines)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    try:
+        result = yield
+    except BaseException:
+        _remember_divergences(item)
+        raise
+    diverged = _remember_divergences(item)
+    if diverged and _fails_on_divergence(item):
+        pytest.fail(_describe_divergences(diverged), pytrace=False)
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if call.when == "call":
+        diverged = item.stash.get(_DIVERGED, None)
+        if diverged:
+            report.user_properties.append((DIVERGENCE_PROPERTY, diverged))
+    return report
+
+
+class _DivergenceSummary:
+    """Collects the divergences of every test's report (from xdist workers too) for the summary."""
+
+    def __init__(self) -> None:
+        self.tests: list[tuple[str, list[tuple[str, list[str]]]]] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "call":
+            return
+        for name, value in report.user_properties:
+            if name == DIVERGENCE_PROPERTY and isinstance(value, list | tuple):
+                self.tests.append((report.nodeid, [(str(s), [str(n) for n in notes]) for s, notes in value]))
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.tests:
+            return
+        terminalreporter.section("mocksandbox: where SandboxFusion would have answered differently")
+        for nodeid, diverged in self.tests:
+            terminalreporter.write_line(nodeid)
+            for summary, notes in diverged:
+                terminalreporter.write_line(f"  {summary}")
+                for note in notes:
+                    terminalreporter.write_line(f"    {note}")
+        terminalreporter.write_line(
+            "(--mocksandbox-fail-on-divergence or @pytest.mark.mocksandbox_fail_on_divergence makes "
+            "these failures; @pytest.mark.mocksandbox_output_mode('sandboxfusion') answers as "
+            "SandboxFusion would)"
+        )

@@ -40,8 +40,15 @@ class Settings(BaseModel):
     runtime_dir: str = Field(default_factory=default_runtime_dir)
     #: Where per-request temp dirs are made; the system temp dir (``/tmp``) by default, as in SandboxFusion.
     tmp_root: str | None = None
-    #: Cap per output stream. SandboxFusion returns ~210 KB complete; we drain and keep this much.
+    #: Cap per output stream (output mode ``complete``): streams are drained while the program
+    #: runs and this much of each is kept.
     max_output_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    #: ``complete``: drain every stream, keep up to ``max_output_bytes`` (the better sandbox);
+    #: answers that SandboxFusion would have cut carry a divergence note. ``sandboxfusion``:
+    #: SandboxFusion's reader, emulated: a stream past 128 KiB is no longer read, so a program that
+    #: writes more blocks and ends at ``run_timeout`` as TimeLimitExceeded with the output
+    #: SandboxFusion would have kept (``--output-mode``; per request: a fault rule's ``output_mode``).
+    output_mode: Literal["complete", "sandboxfusion"] = "complete"
     #: Upper bound on any run or compile timeout, in seconds (SandboxFusion has none; an infinite
     #: timeout there means "no limit", which a shared server cannot afford).
     max_timeout_s: float = Field(3600.0, gt=0)

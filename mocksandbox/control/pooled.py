@@ -129,8 +129,8 @@ class PooledControlState(LocalControlState):
             if change is not None:
                 self.shared_in_flight.record(InFlightChange(*change))
         elif kind == "finish":
-            _, _, at, entry_id, status, response, outcome, change = message
-            self.journal.finish_id(entry_id, status, response, outcome, at)
+            _, _, at, entry_id, status, response, outcome, change, divergences = message
+            self.journal.finish_id(entry_id, status, response, outcome, at, divergences)
             if change is not None:
                 self.shared_in_flight.record(InFlightChange(*change))
         elif kind == "leave":

@@ -127,6 +127,7 @@ class ControlActor:
         outcome: str,
         leave: bool,
         replica: str,
+        divergences: tuple[str, ...] = (),
     ) -> None:
         with self._lock:
             record = self._replicas.get(replica)
@@ -136,7 +137,7 @@ class ControlActor:
                     return  # its permits went back when it was declared dead
                 if leave:
                     record.held = max(0, record.held - 1)
-        self.state.finish(entry_id, status, response, outcome, leave)
+        self.state.finish(entry_id, status, response, outcome, leave, divergences)
 
     def leave(self, replica: str) -> None:
         with self._lock:
@@ -383,8 +384,9 @@ class RayControlState:
         response: bytes | None,
         outcome: str = "answered",
         leave: bool = True,
+        divergences: tuple[str, ...] = (),
     ) -> None:
-        self._call("finish", entry_id, status, response, outcome, leave, self.replica)
+        self._call("finish", entry_id, status, response, outcome, leave, self.replica, tuple(divergences))
 
     def leave(self, entry_id: int | None = None) -> None:
         self._call("leave", self.replica)

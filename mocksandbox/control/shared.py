@@ -247,6 +247,7 @@ class ControlStateServer:
             decision.delay_seconds,
             action,
             decision.rule_ids,
+            decision.output_mode,
         )
 
     def _add_faults(self, specs: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
@@ -472,11 +473,11 @@ class RemoteControlState:
                 )
             )
             return Admission(fast.entry_id, fast.admitted, fast.retry_after_s)
-        entry_id, admitted, retry_after_s, delay, action, rule_ids = self._call(
+        entry_id, admitted, retry_after_s, delay, action, rule_ids, output_mode = self._call(
             "admit", request.method, request.path, request.query, request.body, request.client, request.worker
         )
         decision = FaultDecision(
-            delay, None if action is None else _ACTION.validate_python(action), tuple(rule_ids)
+            delay, None if action is None else _ACTION.validate_python(action), tuple(rule_ids), output_mode
         )
         return Admission(entry_id, admitted, retry_after_s, decision)
 
@@ -487,16 +488,16 @@ class RemoteControlState:
         response: bytes | None,
         outcome: str = "answered",
         leave: bool = True,
+        divergences: tuple[str, ...] = (),
     ) -> None:
         if self._counters is None:
-            self._call("finish", entry_id, status, response, outcome, leave)
+            self._call("finish", entry_id, status, response, outcome, leave, tuple(divergences))
             return
         change = self._counters.leave() if leave else None
         kept = None if response is None else response[: BODY_LIMIT + 1]
         at = time.monotonic() if change is None else change.at
-        self._tell(
-            ("finish", None, at, entry_id, status, kept, outcome, None if change is None else tuple(change))
-        )
+        change_wire = None if change is None else tuple(change)
+        self._tell(("finish", None, at, entry_id, status, kept, outcome, change_wire, tuple(divergences)))
 
     def leave(self, entry_id: int | None = None) -> None:
         if self._counters is None:

@@ -100,8 +100,10 @@ class ControlState(Protocol):
         response: bytes | None,
         outcome: str = "answered",
         leave: bool = True,
+        divergences: tuple[str, ...] = (),
     ) -> None:
-        """Record the answer; with ``leave``, the request also leaves the in-flight count."""
+        """Record the answer (and where SandboxFusion would have answered differently); with
+        ``leave``, the request also leaves the in-flight count."""
         ...
 
     def leave(self, entry_id: int | None = None) -> None:
@@ -225,8 +227,9 @@ class LocalControlState:
         response: bytes | None,
         outcome: str = "answered",
         leave: bool = True,
+        divergences: tuple[str, ...] = (),
     ) -> None:
-        self.journal.finish_id(entry_id, status, response, outcome)
+        self.journal.finish_id(entry_id, status, response, outcome, divergences=divergences)
         if leave:
             self.in_flight.leave()
 

@@ -16,6 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from mocksandbox import divergence
 from mocksandbox.datasets.errors import DatasetHTTPError
 from mocksandbox.datasets.models import (
     EvalResult,
@@ -265,7 +266,9 @@ def check_stdio_cases(
     pool = ThreadPoolExecutor(max_workers=min(workers, len(cases)), thread_name_prefix="stdio-case")
     try:
         futures: list[Future[EvalTestCase]] = [
-            pool.submit(check_stdio_case, code, case, config, ctx, lower) for case in cases
+            # (In the request's context: its output mode, and the notes of where SandboxFusion differs.)
+            pool.submit(divergence.carry(check_stdio_case), code, case, config, ctx, lower)
+            for case in cases
         ]
         for future in futures:
             try:

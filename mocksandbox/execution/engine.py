@@ -13,9 +13,15 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from mocksandbox import divergence
 from mocksandbox.execution.budget import MemoryBudget, ProcessBudget
 from mocksandbox.execution.confinement import Confinement, create_confinement
-from mocksandbox.execution.languages import LANGUAGES, LanguageSpec, find_scala_object_name
+from mocksandbox.execution.languages import (
+    LANGUAGES,
+    TOOLCHAIN_BINARIES,
+    LanguageSpec,
+    find_scala_object_name,
+)
 from mocksandbox.execution.launcher import Launcher
 from mocksandbox.execution.process import CommandSpec, ProcessRunner
 from mocksandbox.execution.workdirs import WorkdirPool
@@ -253,9 +259,24 @@ class ExecutionEngine:
                     python_file=code_path if self._forks(spec, request) else None,
                     world=workspace.next_command(),
                 )
+            self._note_missing_toolchain(spec, compile_result or run_result)
             return compile_result, run_result, fetch_files(workspace, request.fetch_files)
         finally:
             workspace.close(code_path)
+
+    def _note_missing_toolchain(self, spec: LanguageSpec, result: CommandRunResult | None) -> None:
+        """A divergence note when the program could not run for want of its toolchain here
+        (SandboxFusion's image has every language's)."""
+        if result is None or result.return_code != 127 or "command not found" not in (result.stderr or ""):
+            return
+        binary = TOOLCHAIN_BINARIES.get(spec.name)
+        if binary is None or shutil.which(binary, path=self._language_env[spec.name].get("PATH")) is not None:
+            return
+        divergence.note(
+            divergence.TOOLCHAIN,
+            f"{spec.name} has no {binary} here, so the program did not run; SandboxFusion's image runs it "
+            f"(mocksandbox runtime install --languages {spec.name}, or replay a cassette recorded from it)",
+        )
 
     def prove_isolation(self) -> None:
         """Run one program in a world of its own and check what it saw; raises
@@ -311,7 +332,8 @@ class ExecutionEngine:
         command = template.format_map(placeholders)
         if math.isnan(timeout):
             return nan_timeout_result(command)
-        return self.runner.run(
+        output_mode = divergence.requested_output_mode(self.settings.output_mode)
+        result = self.runner.run(
             CommandSpec(
                 command=command,
                 cwd=cwd,
@@ -322,8 +344,12 @@ class ExecutionEngine:
                 memory_limit_mb=memory_limit_mb,
                 python_file=python_file,
                 world=world,
+                output_mode=output_mode,
             )
         )
+        if output_mode == "complete":
+            _note_output_past_the_reader(result)
+        return result
 
     def _forks(self, spec: LanguageSpec, request: RunCodeRequest) -> bool:
         """Whether this run takes the warm fork path.
@@ -379,6 +405,17 @@ class ExecutionEngine:
                     shutil.rmtree(workdir, ignore_errors=True)
                 self._cpp_flags = flags
             return self._cpp_flags
+
+
+def _note_output_past_the_reader(result: CommandRunResult) -> None:
+    """A divergence note for each stream SandboxFusion's reader would have cut (see
+    :mod:`mocksandbox.divergence`)."""
+    limit = divergence.SANDBOXFUSION_READER_PAUSE_BYTES
+    for name, text in (("stdout", result.stdout), ("stderr", result.stderr)):
+        if text and len(text) * 4 > limit:  # (cheap first: no stream under 32 K characters is past it)
+            size = len(text.encode("utf-8", "surrogateescape"))
+            if size > limit:
+                divergence.note(divergence.OUTPUT, divergence.output_note(name, size))
 
 
 def restore_files(workspace: str | HostWorkspace | LayeredWorkspace, files: Mapping[str, str | None]) -> None:

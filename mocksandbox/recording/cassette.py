@@ -179,12 +179,19 @@ def _decode_body(part: Mapping[str, Any], exact: bool) -> bytes:
 
 
 def read_cassette(path: str | os.PathLike[str]) -> list[Exchange]:
-    """Every exchange of a cassette, in file order; :class:`CassetteError` if it cannot be read."""
+    """Every exchange of a cassette, in file order (a ``.gz`` one is read compressed);
+    :class:`CassetteError` if it cannot be read."""
     file = Path(path)
     try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise CassetteError(f"cannot read cassette {file}: {exc.strerror or exc}") from None
+        if file.suffix == ".gz":
+            import gzip
+
+            text = gzip.decompress(file.read_bytes()).decode("utf-8")
+        else:
+            text = file.read_text(encoding="utf-8")
+    except (OSError, EOFError) as exc:
+        reason = getattr(exc, "strerror", None) or exc  # (gzip: BadGzipFile, EOFError)
+        raise CassetteError(f"cannot read cassette {file}: {reason}") from None
     except UnicodeDecodeError:
         raise CassetteError(f"cassette {file} is not UTF-8 text") from None
     return list(parse_lines(text.splitlines(), file.name))

@@ -16,10 +16,11 @@ from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
+from mocksandbox import divergence
 from mocksandbox.recording.cassette import RecordedRequest
 from mocksandbox.recording.forward import UpstreamDropped, UpstreamUnreachable, raw_target, request_headers
 from mocksandbox.recording.recorder import Recorder, Reply
-from mocksandbox.recording.replay import CassetteMiss, CassettePlayer, Miss
+from mocksandbox.recording.replay import CassetteMiss, CassettePlayer, Miss, has_toolchain, request_language
 
 if TYPE_CHECKING:
     from mocksandbox.core import MockSandbox
@@ -116,6 +117,13 @@ class CassetteLayer:
         # The control state picks the turn (exact across worker processes) and marks the journal.
         turn = box.control.next_replay(environ.get(ENTRY_ID_KEY), decision.key, decision.labels)
         exchange = decision.exchanges[turn]
+        language = request_language(request)
+        if language is not None and not has_toolchain(language):
+            divergence.note(
+                divergence.TOOLCHAIN,
+                f"{language} has no toolchain here: answered from the recording {exchange.source} "
+                f"(SandboxFusion's answer to this request when it was recorded, not a run)",
+            )
         if player.timing:
             remaining = exchange.duration - (self._clock() - started)
             if remaining > 0:

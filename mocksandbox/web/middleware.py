@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from http import HTTPStatus
 from typing import Any
 
+from mocksandbox import divergence
 from mocksandbox.control.state import IncomingRequest
 from mocksandbox.core import MockSandbox
 from mocksandbox.faults import (
@@ -135,18 +136,20 @@ class MockLayer:
             return answer.send(start_response)
 
         try:
-            answer, chunks = self._answer(environ, admission.decision)
+            with divergence.collecting() as notes, divergence.output_mode(admission.decision.output_mode):
+                answer, chunks = self._answer(environ, admission.decision)
         except DropConnection:
             control.finish(entry_id, None, None, outcome="dropped")
             raise
         except BaseException:
             control.leave(entry_id)
             raise
+        diverged = tuple(notes)
         if chunks is None:
-            control.finish(entry_id, answer.status, answer.body)
+            control.finish(entry_id, answer.status, answer.body, divergences=diverged)
             return answer.send(start_response)
         # A slow body keeps the request in flight until its last chunk is out.
-        control.finish(entry_id, answer.status, answer.body, leave=False)
+        control.finish(entry_id, answer.status, answer.body, leave=False, divergences=diverged)
         return answer.send(start_response, _closing(chunks, control.leave))
 
     def _answer(

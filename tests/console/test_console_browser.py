@@ -292,3 +292,26 @@ def test_finished_session_shows_its_diff_and_reward(
         "the session's observation is not shown",
     )
     screenshot("console-sessions")
+
+
+def test_the_journal_shows_where_sandboxfusion_would_have_answered_differently(
+    chromium: Any, wait_for: Wait, mocksandbox: Any, screenshot: Callable[[str], Any]
+) -> None:
+    open_console(chromium, wait_for, mocksandbox.url, "journal")
+    flood = {"code": "for i in range(100000): print(i)", "language": "python"}
+    quiet = {"code": "print(1)", "language": "python"}
+    for body in (flood, quiet):
+        answer = requests.post(f"{mocksandbox.url}/run_code", json=body, timeout=60, proxies=NO_PROXY)
+        assert answer.json()["status"] == "Success"
+    wait_for(lambda d: text_of(d, "divergences") == "1", "the tile does not count the divergence")
+    cell = wait_for(
+        lambda d: next(iter(css(d, "#journal-table td.diverged")), None), "no row says it differs"
+    )
+    assert cell.text == "differs: output"
+    assert "SandboxFusion stops reading a stream past 128 KiB" in str(cell.get_attribute("title"))
+    by_id(chromium, "filter-diverged").click()
+    wait_for(lambda d: len(css(d, "#journal-table tbody tr")) == 1, "the filter keeps the quiet request")
+    click_first(wait_for, "#journal-table tbody tr", "the row could not be opened")
+    wait_for(lambda d: "stdout of 588890 bytes" in text_of(d, "entry-meta"), "the entry does not say why")
+    screenshot("console-divergence")
+    by_id(chromium, "filter-diverged").click()

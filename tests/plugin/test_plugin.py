@@ -187,3 +187,62 @@ def test_a_test_asks_for_worker_processes(pytester: pytest.Pytester) -> None:
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=3)
+
+
+def test_divergences_are_reported_and_fail_on_request_and_output_mode_reproduces_production(
+    pytester: pytest.Pytester,
+) -> None:
+    """A program printing 100000 lines passes on the mock; the summary says SandboxFusion would
+    have stalled on it; the option (or marker) fails the test; the output-mode marker answers as
+    SandboxFusion does (TimeLimitExceeded, output cut), with no divergence left to report."""
+    pytester.makepyfile(
+        """
+        import pytest, requests
+
+        PROGRAM = "for i in range(100000): print(i)"
+
+        def run(url):
+            body = {"code": PROGRAM, "language": "python", "run_timeout": 2}
+            return requests.post(url + "/run_code", json=body).json()["run_result"]
+
+        def test_floods_stdout(mocksandbox, mocksandbox_url):
+            result = run(mocksandbox_url)
+            assert result["status"] == "Finished" and result["stdout"].endswith("99999\\n")
+            (entry,) = mocksandbox.divergences()
+            assert entry.divergences[0].startswith("output: stdout of 588890 bytes")
+            assert mocksandbox.stats()["divergences"] == {"total": 1, "by_kind": {"output": 1}}
+
+        @pytest.mark.mocksandbox_fail_on_divergence
+        def test_marked(mocksandbox_url, mocksandbox):
+            assert run(mocksandbox_url)["status"] == "Finished"
+
+        @pytest.mark.mocksandbox_output_mode("sandboxfusion")
+        def test_as_production(mocksandbox, mocksandbox_url):
+            result = run(mocksandbox_url)
+            assert result["status"] == "TimeLimitExceeded"
+            assert 131072 < len(result["stdout"]) < 230000
+            assert mocksandbox.divergences() == []
+        """
+    )
+    reported = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    reported.assert_outcomes(passed=2, failed=1)  # test_marked
+    reported.stdout.fnmatch_lines(
+        [
+            "*mocksandbox: where SandboxFusion would have answered differently*",
+            "*test_floods_stdout",
+            "*POST /run_code python -> 200 *divergences=1*",
+            "*output: stdout of 588890 bytes: SandboxFusion stops reading*",
+        ]
+    )
+    assert "test_as_production" not in reported.stdout.str().split("answered differently")[1]
+    failing = pytester.runpytest_subprocess(
+        "-p",
+        "no:cacheprovider",
+        "-n",
+        "2",
+        "--mocksandbox-fail-on-divergence",
+        "-k",
+        "floods or as_production",
+    )
+    failing.assert_outcomes(passed=1, failed=1)
+    failing.stdout.fnmatch_lines(["*where SandboxFusion would have answered*", "*FAILED*test_floods_stdout*"])

@@ -250,7 +250,7 @@ def test_prefer_local_runs_what_this_host_has_and_replays_the_rest(
 ) -> None:
     assert LACKED is not None
     cassette = tmp_path / "hybrid.jsonl"
-    python_body = {"code": "import os; print(os.getpid())", "language": "python"}
+    python_body = {"code": "import uuid; print(uuid.uuid4())", "language": "python"}
     with recording(upstream.url, cassette) as proxy:
         recorded_python = http.post(f"{proxy}/run_code", json=python_body, timeout=60).json()
     # The other language's line, as recorded from a deployment that has its toolchain (this host
@@ -275,7 +275,7 @@ def test_prefer_local_runs_what_this_host_has_and_replays_the_rest(
         ping = http.get(f"{replay.url}/v1/ping", timeout=30)  # no language, not recorded: runs here
         entries = replay.sandbox.requests()
         replay.sandbox.take_errors()
-    # Python ran here (another process id than the recording's), the lacked language was replayed.
+    # Python ran here (another random id than the recording's), the lacked language was replayed.
     assert python["status"] == "Success"
     assert python["run_result"]["stdout"] != recorded_python["run_result"]["stdout"]
     assert lacked.content == _deployment_answer(f"hello from {LACKED}\n")
@@ -284,6 +284,9 @@ def test_prefer_local_runs_what_this_host_has_and_replays_the_rest(
     assert "  code: sent 'other', recorded 'say hello'" in unrecorded.json()["detail"]
     assert ping.json() == "pong"
     assert [e.replayed for e in entries] == [None, "hybrid.jsonl:2", None, None]
+    # Beside the answer: it is a recording, not a run (a divergence note; the body is untouched).
+    assert [len(e.divergences) for e in entries] == [0, 1, 0, 0]
+    assert entries[1].divergences[0].startswith(f"toolchain: {LACKED} has no toolchain here: answered from")
 
 
 def test_faults_cap_journal_and_timing_apply_to_replayed_requests(

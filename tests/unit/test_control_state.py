@@ -42,7 +42,9 @@ def _serve(state: ControlState, n: int, status: int = 200) -> bool:
 
 
 def test_journal_keeps_arrival_order_and_counts(state: ControlState) -> None:
-    threads = [threading.Thread(target=lambda i=i: [_serve(state, i * 100 + k) for k in range(20)]) for i in range(8)]
+    threads = [
+        threading.Thread(target=lambda i=i: [_serve(state, i * 100 + k) for k in range(20)]) for i in range(8)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -108,6 +110,30 @@ def test_fault_schedules_count_every_request(state: ControlState) -> None:
     assert fired == {"first-two": (9, 2), "every-third": (7, 2)}
 
 
+def test_output_mode_rules_modify_and_later_rules_still_decide(state: ControlState) -> None:
+    state.add_faults(
+        [
+            _spec(name="as-production", match={"body_contains": "print(1"}, action={"type": "output_mode"}),
+            _spec(name="third", action={"type": "status", "status": 503}, schedule={"first": 3}),
+        ]
+    )
+    decisions = [state.admit(_request(n)).decision for n in (10, 2, 11, 4)]
+    assert [d.output_mode for d in decisions] == ["sandboxfusion", None, "sandboxfusion", None]
+    assert [isinstance(d.action, StatusAction) for d in decisions] == [True, True, True, False]
+    assert [e.fault_action for e in state.entries()] == ["status"] * 3 + [None]
+
+
+def test_divergences_are_journaled_and_counted_by_kind(state: ControlState) -> None:
+    notes = [("output: stdout of 200000 bytes", "toolchain: no swiftc"), (), ("output: stderr of 1 MB",)]
+    for n, divergences in enumerate(notes):
+        admission = state.admit(_request(n))
+        state.finish(admission.entry_id, 200, b"{}", divergences=divergences)
+    assert [e.divergences for e in state.entries()] == [list(d) for d in notes]
+    assert state.stats()["divergences"] == {"total": 3, "by_kind": {"output": 2, "toolchain": 1}}
+    state.reset([], CapacityPolicy())
+    assert state.stats()["divergences"] == {"total": 0, "by_kind": {}}
+
+
 def test_seeded_probabilities_are_reproducible(state: ControlState) -> None:
     rule = _spec(action={"type": "status", "status": 500}, schedule={"probability": 0.5, "seed": 7})
 
@@ -122,7 +148,9 @@ def test_seeded_probabilities_are_reproducible(state: ControlState) -> None:
 def test_adding_faults_is_all_or_nothing(state: ControlState) -> None:
     state.add_faults([_spec(name="taken", action={"type": "close"})])
     with pytest.raises(FaultError, match="exists already"):
-        state.add_faults([_spec(name="new", action={"type": "close"}), _spec(name="taken", action={"type": "reset"})])
+        state.add_faults(
+            [_spec(name="new", action={"type": "close"}), _spec(name="taken", action={"type": "reset"})]
+        )
     assert [rule.id for rule in state.fault_rules()] == ["taken"]
     assert state.remove_fault("taken") and not state.remove_fault("taken")
 

@@ -6,6 +6,7 @@ import base64
 import json
 import os
 import re
+import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from mocksandbox.execution.engine import ExecutionEngine, create_engine
+from mocksandbox.execution.languages import TOOLCHAIN_BINARIES
 from mocksandbox.execution.process import CommandSpec
 from mocksandbox.models import CommandRunResult, CommandRunStatus, RunCodeRequest, RunStatus
 from mocksandbox.settings import Settings
@@ -448,3 +450,34 @@ def test_runner_with_no_time_left_never_starts_the_program(tmp_path: Path, timeo
     assert (result.status, result.return_code, result.stdout, result.stderr) == (TLE, None, "", "")
     assert isinstance(result.execution_time, float)
     assert not (tmp_path / "ran").exists()
+
+
+def test_a_language_without_its_toolchain_here_is_a_divergence(settings: Settings) -> None:
+    """The program could not run for want of a toolchain SandboxFusion's image has: said beside
+    the answer, which stays the mock's (the shell's "command not found"); a program that itself
+    exits 127 is no divergence."""
+    from mocksandbox import divergence
+
+    not_found = finished(127, stderr="/bin/bash: line 1: nosuchcompiler: command not found\n")
+    engine = engine_with(
+        settings.model_copy(update={"runtime_dir": "/nonexistent"}), FakeRunner(lambda spec: not_found)
+    )
+    paths = {name: env.get("PATH") for name, env in engine._language_env.items()}
+    lacked = next(
+        (
+            name
+            for name, binary in TOOLCHAIN_BINARIES.items()
+            if shutil.which(binary, path=paths.get(name)) is None
+        ),
+        None,
+    )
+    if lacked is None:
+        pytest.skip("every language's toolchain is here")
+    with divergence.collecting() as notes:
+        answer = engine.run_code(RunCodeRequest(code="x", language=lacked))
+    assert answer.status == RunStatus.Failed
+    assert len(notes) == 1 and notes[0].startswith(f"toolchain: {lacked} has no ")
+    own = engine_with(settings, FakeRunner(lambda spec: finished(127, stderr="exit 127\n")))
+    with divergence.collecting() as notes:
+        own.run_code(RunCodeRequest(code="import sys; sys.exit(127)", language="python"))
+    assert notes == []

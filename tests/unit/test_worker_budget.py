@@ -26,7 +26,9 @@ def test_worker_shares_of_the_process_budget(limit: int, workers: int) -> None:
 
 def test_worker_shares_of_the_memory_budget() -> None:
     gib = 1 << 30
-    budget = plan_memory_budget([MemoryLimit("cgroup v1 memory.limit_in_bytes of /ci", 4 * gib, gib // 2)], 4096)
+    budget = plan_memory_budget(
+        [MemoryLimit("cgroup v1 memory.limit_in_bytes of /ci", 4 * gib, gib // 2)], 4096
+    )
     share = split_budget(budget, 4)
     assert budget.runs_total is not None and share.runs_total == budget.runs_total // 4
     assert share.per_run == min(budget.per_run, share.runs_total)

@@ -198,6 +198,7 @@
     $("rejected").textContent = (stats.by_status || {})["429"] || 0;
     $("rejected-cap").textContent = stats.rejected_by_cap;
     $("faults-fired").textContent = Object.values(stats.faults_fired || {}).reduce((a, b) => a + b, 0);
+    $("divergences").textContent = (stats.divergences || {}).total || 0;
   }
 
   function chartFrame(canvas, top) {
@@ -333,6 +334,7 @@
     if (path && entry.path !== path) return false;
     if (language && entry.language !== language) return false;
     if ($("filter-faulted").checked && !entry.fault_action) return false;
+    if ($("filter-diverged").checked && !(entry.divergences || []).length) return false;
     if (status) {
       const s = entry.status;
       if (status === "pending" && entry.ended !== null) return false;
@@ -380,10 +382,18 @@
       el("td", { class: `st-${statusClass(entry.status)}` }, status),
       el("td", {}, duration),
       el("td", { class: "fault" }, fault),
+      divergenceCell(entry.divergences || []),
       el("td", {}, entry.worker || ""),
     );
     if (entry.id === selectedEntry) row.classList.add("selected");
     return row;
+  }
+
+  // Where SandboxFusion would have answered differently: the kinds, each note in the tooltip.
+  function divergenceCell(notes) {
+    if (!notes.length) return el("td", { class: "diverged-none" }, "");
+    const kinds = [...new Set(notes.map((note) => note.split(":")[0]))];
+    return el("td", { class: "diverged", title: notes.join("\n") }, `differs: ${kinds.join(", ")}`);
   }
 
   async function openEntry(id) {
@@ -412,6 +422,7 @@
       ["duration", entry.duration === null ? "in flight" : `${(entry.duration * 1000).toFixed(1)} ms`],
       ["query", entry.query || ""],
       ["fault", entry.fault_action ? `${entry.fault_action} (rules ${entry.faults.join(", ")})` : "none"],
+      ["SandboxFusion", (entry.divergences || []).length ? entry.divergences.join("\n") : "would answer the same, as far as the mock knows"],
       ["client", entry.client],
       ["worker", entry.worker || "(one process)"],
       ["started", `${entry.started.toFixed(3)} s after the last reset`],
@@ -868,7 +879,7 @@
   // -- start --------------------------------------------------------------------------------------
 
   function start() {
-    for (const id of ["filter-path", "filter-language", "filter-status", "filter-faulted", "filter-text"]) {
+    for (const id of ["filter-path", "filter-language", "filter-status", "filter-faulted", "filter-diverged", "filter-text"]) {
       $(id).addEventListener("input", () => {
         journal.dirty = true;
         renderJournal();

@@ -1,0 +1,122 @@
+"""Output mode ``sandboxfusion`` against SandboxFusion's own answers, and the divergence notes of
+the default mode.
+
+``fixtures/cassettes/sandboxfusion-output-469de08.jsonl.gz`` holds SandboxFusion 469de08's answers
+(through ``mocksandbox record``, uvicorn on uvloop as its image runs it, without
+``PYTHONUNBUFFERED``) to programs writing 100 KB to 1 MB to stdout or stderr in one write or in
+``print`` lines, each sent three times (``fixtures/cassettes/send_output_cases.py``). With
+``output_mode: sandboxfusion`` the mock must give the same status and return code, and a stream of
+the same length where SandboxFusion gave it whole, or a cut one within its spread (a few percent;
+the reader's last read can add up to one 256 KiB chunk, as SandboxFusion's can). With the default
+mode, it gives the whole output, and a divergence note exactly where SandboxFusion cut.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mocksandbox import divergence
+from mocksandbox.core import MockSandbox
+from mocksandbox.models import RunCodeRequest
+from mocksandbox.recording.cassette import read_cassette
+from mocksandbox.settings import load_settings
+
+CASSETTE = Path(__file__).parents[2] / "fixtures" / "cassettes" / "sandboxfusion-output-469de08.jsonl.gz"
+
+
+def _recorded_cases() -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """Each request of the cassette, with the run results SandboxFusion answered it with."""
+    cases: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
+    for exchange in read_cassette(CASSETTE):
+        body = json.loads(exchange.request.body)
+        answer = json.loads(exchange.body)["run_result"]
+        cases.setdefault(body["code"], (body, []))[1].append(answer)
+    return list(cases.values())
+
+
+CASES = _recorded_cases()
+
+
+def _case_id(case: tuple[dict[str, Any], list[dict[str, Any]]]) -> str:
+    code = case[0]["code"]
+    stream = "stderr" if "stderr" in code else "stdout"
+    many = "range(" in code
+    size = code.split("range(" if many else "* ")[1].split(")")[0]
+    return f"{stream}-{'lines' if many else 'write'}-{size}"
+
+
+@pytest.fixture(scope="module", params=["fork", "spawn"])
+def sandboxes(request: pytest.FixtureRequest) -> Iterator[dict[str, MockSandbox]]:
+    made = {
+        mode: MockSandbox.create(
+            load_settings(overrides={"port": 0, "output_mode": mode, "exec_mode": request.param})
+        )
+        for mode in ("sandboxfusion", "complete")
+    }
+    yield made
+    for box in made.values():
+        box.close()
+
+
+def test_the_cassette_holds_every_kind_of_answer() -> None:
+    statuses = {
+        (answer["status"], len(answer["stdout"]) + len(answer["stderr"])) for _, a in CASES for answer in a
+    }
+    assert ("Finished", 100000) in statuses and ("Finished", 219264) in statuses
+    assert {status for status, _ in statuses} == {"Finished", "TimeLimitExceeded"}
+    assert len(CASES) == 14 and all(len(answers) == 3 for _, answers in CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_sandboxfusion_mode_answers_as_sandboxfusion(
+    case: tuple[dict[str, Any], list[dict[str, Any]]], sandboxes: dict[str, MockSandbox]
+) -> None:
+    body, recorded = case
+    with divergence.collecting() as notes:
+        result = sandboxes["sandboxfusion"].engine.run_code(RunCodeRequest.model_validate(body)).run_result
+    assert result is not None
+    assert notes == []  # it answers as SandboxFusion does: nothing to say
+    assert result.status.value == recorded[0]["status"] and {a["status"] for a in recorded} == {
+        recorded[0]["status"]
+    }
+    assert result.return_code == recorded[0]["return_code"]
+    for stream in ("stdout", "stderr"):
+        lengths = [len(answer[stream]) for answer in recorded]
+        got = len(getattr(result, stream))
+        written = _written(body["code"], stream)
+        if all(length == written for length in lengths):
+            assert got == written, (stream, got, lengths)
+        else:
+            assert min(lengths) * 0.95 <= got <= max(max(lengths) * 1.05, 262144), (stream, got, lengths)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_complete_mode_keeps_everything_and_says_where_sandboxfusion_cut(
+    case: tuple[dict[str, Any], list[dict[str, Any]]], sandboxes: dict[str, MockSandbox]
+) -> None:
+    body, recorded = case
+    with divergence.collecting() as notes:
+        result = sandboxes["complete"].engine.run_code(RunCodeRequest.model_validate(body)).run_result
+    assert result is not None and result.status.value == "Finished" and result.return_code == 0
+    cut_there = False
+    for stream in ("stdout", "stderr"):
+        written = _written(body["code"], stream)
+        assert len(getattr(result, stream)) == written
+        cut_there |= any(len(answer[stream]) != written for answer in recorded)
+    timed_out_there = recorded[0]["status"] != "Finished"
+    assert bool(notes) == (cut_there or timed_out_there), notes
+    assert all(note.startswith("output: ") for note in notes)
+
+
+def _written(code: str, stream: str) -> int:
+    """Bytes the case's program writes to ``stream``."""
+    if f"sys.{stream}" not in code:
+        return 0
+    if "range(" in code:
+        return int(code.split("range(")[1].split(")")[0]) * 10
+    return int(code.split("* ")[1].split(")")[0])

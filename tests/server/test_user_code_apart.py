@@ -1,0 +1,57 @@
+"""User code apart from the server: with a Python runtime in the runtime dir (what ``make serve``
+installs, here with a one-package requirements file to keep it quick), programs run in its venv,
+never in the server's: they cannot import mocksandbox nor the server's packages. Without one, the
+banner says that user code shares the server's environment and how to give it its own."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from serve_process import start_serve, stop_serve
+
+pytestmark = pytest.mark.slow
+
+
+def test_user_code_runs_in_the_runtime_venv_and_cannot_import_the_server(tmp_path: Path) -> None:
+    runtime = tmp_path / "runtime"
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("tabulate==0.9.0\n")
+    installed = subprocess.run(
+        [sys.executable, "-m", "mocksandbox.cli", "runtime", "install", "--languages", "python",
+         "--runtime-dir", str(runtime), "--python-requirements", str(requirements)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    server = start_serve("--runtime-dir", str(runtime))
+    try:
+        banner = "".join(server.banner)
+        assert f"user python: {runtime}/python/venv/bin/python" in banner
+        assert "shares this server's environment" not in banner
+        code = (
+            "import importlib.util, sys\n"
+            "print([name for name in ('mocksandbox', 'flask', 'requests', 'hypothesis', 'tabulate')"
+            " if importlib.util.find_spec(name)])\n"
+            "print(sys.prefix)\n"
+        )
+        answer = server.run(code)
+        assert answer["status"] == "Success", answer
+        lines = str(answer["run_result"]["stdout"]).splitlines()  # type: ignore[index]
+        assert lines == ["['tabulate']", f"{runtime}/python/venv"]
+    finally:
+        stop_serve(server.process)
+
+
+def test_without_a_runtime_the_banner_says_user_code_shares_the_servers_environment(tmp_path: Path) -> None:
+    server = start_serve("--runtime-dir", str(tmp_path / "none"))
+    try:
+        banner = "".join(server.banner)
+        assert f"user python: {sys.executable}" in banner
+        assert "user code shares this server's environment" in banner
+        assert "mocksandbox runtime install --languages python" in banner
+        answer = server.run("import mocksandbox; print('the server is one import away')")
+        assert answer["status"] == "Success"  # what the banner warns of
+    finally:
+        stop_serve(server.process)
