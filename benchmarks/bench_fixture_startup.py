@@ -19,7 +19,7 @@ import requests
 
 def mocksandbox_start() -> tuple[float, float]:
     from mocksandbox.core import MockSandbox
-    from mocksandbox.server import ServerThread
+    from mocksandbox.serving.single import ServerThread
 
     started = time.perf_counter()
     box = MockSandbox.create()

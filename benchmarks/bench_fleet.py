@@ -185,7 +185,7 @@ def main() -> int:
         proc.terminate()
         proc.wait(timeout=30)
 
-    from mocksandbox.fleet import deploy
+    from mocksandbox.serving.fleet import deploy
     from mocksandbox.settings import load_settings
 
     fleet = deploy(

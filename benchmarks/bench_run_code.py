@@ -44,7 +44,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from mocksandbox.server import is_loopback
+from mocksandbox.serving.single import is_loopback
 
 PAYLOAD = {"code": "print(1)", "language": "python"}
 EXPECTED_STDOUT = "1\n"
@@ -349,7 +349,7 @@ class CpuMeter:
 
     def sample(self) -> dict[str, float | None]:
         servers = [self.root] + [
-            c for c in self.root.children() if "mocksandbox.workers" in " ".join(c.cmdline())
+            c for c in self.root.children() if "mocksandbox.serving.workers" in " ".join(c.cmdline())
         ]
         launchers = [
             c for server in servers for c in server.children() if "forkserver.py" in " ".join(c.cmdline())
@@ -437,7 +437,7 @@ def measure_spawn(python: str, runs: int) -> dict[str, Any]:
 def in_process_mock() -> Iterator[tuple[str, str, str]]:
     """A mock on 127.0.0.1 (free port) in a background thread: (url, user python, confinement)."""
     from mocksandbox.core import MockSandbox
-    from mocksandbox.server import ServerThread
+    from mocksandbox.serving.single import ServerThread
 
     box = MockSandbox.create()
     server = ServerThread(box, "127.0.0.1", 0).start()

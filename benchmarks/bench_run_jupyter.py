@@ -35,7 +35,7 @@ from typing import Any
 import requests
 
 from mocksandbox.core import MockSandbox
-from mocksandbox.server import ServerThread
+from mocksandbox.serving.single import ServerThread
 from mocksandbox.settings import Settings
 
 PAYLOAD = {"cells": ["x = 2", "x * 21", 'print("hi")']}

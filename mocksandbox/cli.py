@@ -5,25 +5,19 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import shutil
-import signal
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mocksandbox import __version__
 
 if TYPE_CHECKING:
-    from mocksandbox.core import MockSandbox
-    from mocksandbox.settings import Settings
+    pass
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from mocksandbox.core import MockSandbox
-    from mocksandbox.server import MockServer, is_loopback
+    from mocksandbox.serving.single import is_loopback
     from mocksandbox.settings import SettingsError, load_settings
-    from mocksandbox.web import create_app
 
     try:
         settings = load_settings(
@@ -72,11 +66,6 @@ def _serve(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"mocksandbox: {exc}", file=sys.stderr)
         return 2
-    from mocksandbox.datasets import DatasetLoadError
-    from mocksandbox.execution.engine import IsolationError
-    from mocksandbox.faults import FaultError
-    from mocksandbox.sessions import SessionError
-
     if not is_loopback(settings.host):
         bar = "!" * 78
         print(
@@ -109,237 +98,20 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"mocksandbox: {exc}", file=sys.stderr)
             return 2
     if args.ray is not None:
-        return _serve_fleet(settings, args)
+        from mocksandbox.serving.fleet import serve_fleet
+
+        address = None if args.ray == LOCAL_RAY else args.ray
+        return serve_fleet(settings, address, args.replicas, args.proxy_location)
     if args.replicas is not None or args.proxy_location is not None:
         print("mocksandbox: --replicas and --proxy-location go with --ray", file=sys.stderr)
         return 2
     if settings.worker_count() > 1:
-        return _serve_workers(settings)
-    try:
-        sandbox = MockSandbox.create(settings)
-    except (FaultError, SessionError, IsolationError) as exc:
-        print(f"mocksandbox: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"mocksandbox: cannot set up execution: {exc}", file=sys.stderr)
-        return 2
-    except DatasetLoadError as exc:
-        print(f"mocksandbox: {exc}", file=sys.stderr)
-        return 2
-    try:
-        banner = sandbox_banner(sandbox, settings)
-    except SessionError as exc:
-        sandbox.close()
-        print(f"mocksandbox: {exc}", file=sys.stderr)
-        return 2
-    try:
-        server = MockServer(settings.host, settings.port, create_app(sandbox), access_log=settings.access_log)
-    except OSError as exc:
-        sandbox.close()
-        print(
-            f"mocksandbox: cannot listen on {settings.host}:{settings.port}: {exc.strerror}", file=sys.stderr
-        )
-        return 2
-    print(f"mocksandbox {__version__} serving on {server.url}", flush=True)
-    for line in banner:
-        print(line, flush=True)
-    # Stop the same clean way on Ctrl-C and on SIGTERM (and even when started with SIGINT ignored),
-    # also when the signal comes right after the banner's last line.
-    signal.signal(signal.SIGINT, _interrupt)
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        print("  press Ctrl-C to stop", flush=True)
-        server.serve_forever()  # werkzeug's returns quietly on KeyboardInterrupt
-    except KeyboardInterrupt:
-        pass
-    finally:
-        print("\nmocksandbox: stopping", flush=True)
-        server.server_close()
-        sandbox.close()
-    return 0
+        from mocksandbox.serving.workers import serve_workers
 
+        return serve_workers(settings)
+    from mocksandbox.serving.single import serve_single
 
-def sandbox_banner(sandbox: MockSandbox, settings: Settings) -> list[str]:
-    """What ``serve`` says about a sandbox after its URL: confinement, budgets, extras, sessions.
-    Raises :class:`~mocksandbox.sessions.SessionError` when the swedev backend or isolation
-    cannot work (the server must not start then)."""
-    backend = sandbox.sessions.check_backend()  # --swedev-backend: can the tests run there?
-    lines = [
-        f"  confinement: {sandbox.engine.confinement_name}",
-        f"  isolation: {sandbox.engine.isolation.describe()}",
-        f"  {sandbox.engine.isolation.describe_hidden()}",
-        f"  process budget: {sandbox.confinement.budget.describe()}",
-    ]
-    lines.append(f"  memory budget: {sandbox.confinement.memory_budget.describe()}")
-    lines.append(f"  user python: {settings.python} (exec mode: {settings.exec_mode})")
-    if shares_server_environment(settings.python):
-        lines.append(
-            "  user python: user code shares this server's environment (its packages and mocksandbox "
-            "itself; SandboxFusion's runtime has pytest 7.4 and none of them): "
-            "`mocksandbox runtime install --languages python` (as `make serve` does) gives it its own"
-        )
-    lines.append(f"  runtime: {describe_runtime(settings)}")
-    if settings.max_in_flight:
-        lines.append(f"  cap: {settings.max_in_flight} in flight, then {settings.overload}")
-    if sandbox.fault_rules():
-        lines.append(f"  faults: {len(sandbox.fault_rules())} rule(s) active")
-    lines.append(f"  control API: {'/_mock/' if settings.control_api else 'off'}")
-    player = sandbox.cassette
-    if player is not None and settings.replay_file:
-        timing = ", recorded timing" if settings.replay_timing else ""
-        size = getattr(player, "size", 0)
-        lines.append(f"  replay: {settings.replay_file}, {size} recordings ({settings.replay_mode}{timing})")
-    lines.append(f"  datasets: {', '.join(sandbox.datasets.list_datasets())}")
-    lines.extend(f"  datasets: {note}" for note in sandbox.datasets.startup_notes())
-    jupyter_missing = _jupyter_missing(settings.python)
-    if jupyter_missing:
-        lines.append(f"  jupyter: off, {jupyter_missing}")
-    else:
-        lines.append(
-            f"  jupyter: {settings.jupyter_pool_size} warm kernel(s) ({settings.jupyter_launcher}), "
-            f"{'filling now' if settings.jupyter_prewarm else 'started at the first /run_jupyter'}"
-        )
-    sessions = sandbox.sessions
-    state = sessions.state_dir or "a temporary dir (--state-dir DIR keeps sessions across restarts)"
-    lines.append(
-        f"  swedev: {len(sessions.registry)} instance(s), state in {state}, runs {sessions.executor.name}"
-    )
-    if backend is not None:
-        lines.append(f"  swedev backend: tests run with {backend.describe()}")
-    lines.append(f"  swedev isolation: {sessions.isolation()[1]}")
-    return lines
-
-
-def shares_server_environment(python: str) -> bool:
-    """Whether ``python`` is this server's own environment (its venv, or the system Python it runs
-    in): user code run with it imports the server's packages."""
-    executable = Path(python)
-    if not executable.is_absolute():
-        found = shutil.which(python)
-        if found is None:
-            return False
-        executable = Path(found)
-    return executable.absolute().parent.parent == Path(sys.prefix).absolute()
-
-
-def describe_runtime(settings: Settings) -> str:
-    """What ``serve`` found of the runtime (``mocksandbox languages`` says more)."""
-    from mocksandbox.runtime.layout import RuntimeDir
-    from mocksandbox.runtime.report import runtime_summary
-
-    return runtime_summary(RuntimeDir(settings.runtime_dir), settings.python)
-
-
-def _serve_workers(settings: Settings) -> int:
-    """``serve --workers N``: the master of N worker processes (see :mod:`mocksandbox.workers`)."""
-    from mocksandbox.execution.affinity import format_cpus
-    from mocksandbox.sessions import SessionError
-    from mocksandbox.workers import WorkerPool, WorkerStartError
-
-    count = settings.worker_count()
-    try:
-        pool = WorkerPool(settings, count)
-    except OSError as exc:
-        print(
-            f"mocksandbox: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}",
-            file=sys.stderr,
-        )
-        return 2
-    except SessionError as exc:
-        print(f"mocksandbox: {exc}", file=sys.stderr)
-        return 2
-    signal.signal(signal.SIGINT, _interrupt)
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        banner = pool.start()
-        print(f"mocksandbox {__version__} serving on {pool.url} with {count} workers", flush=True)
-        for line in banner:
-            # The first worker describes its share of the budgets: say the whole instead.
-            if line.startswith("  process budget:"):
-                line = f"  process budget: {pool.budget.describe()}"
-            elif line.startswith("  memory budget:"):
-                line = f"  memory budget: {pool.memory_budget.describe()}"
-            print(line, flush=True)
-        share, memory = pool.worker_budget, pool.worker_memory_budget
-        print(
-            f"  workers: {count}, one control state; each worker's runs: "
-            f"{share.runs_total if share.runs_total is not None else 'any number of'} processes "
-            f"together, {share.per_run} per run"
-            + ("" if memory.runs_total is None else f"; {memory.runs_total // (1 << 20)} MiB together"),
-            flush=True,
-        )
-        if pool.shares is not None:
-            cores = "; ".join(
-                f"{worker.name} on {format_cpus(share)}"
-                for worker, share in zip(pool.workers, pool.shares, strict=True)
-            )
-            print(f"  cores: {cores} (user programs on all; --no-pin-workers to let them roam)", flush=True)
-        print("  press Ctrl-C to stop", flush=True)
-        pool.watch()
-    except WorkerStartError as exc:
-        print(f"mocksandbox: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        pass
-    finally:
-        # A second Ctrl-C (or a signal sent to the whole group as well as to us) must not break
-        # the stop off half-way with a traceback: it is bounded (workers are killed after 30 s).
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        print("\nmocksandbox: stopping", flush=True)
-        pool.stop()
-    return 0
-
-
-def _serve_fleet(settings: Settings, args: argparse.Namespace) -> int:
-    """``serve --ray [ADDRESS]``: the mock as a Ray Serve fleet (see :mod:`mocksandbox.fleet`)."""
-    import time
-
-    from mocksandbox.faults import FaultError
-    from mocksandbox.fleet import FleetError, deploy, require_fleet_extra
-
-    require_fleet_extra()  # one line naming the extra, from main()
-    if settings.worker_count() > 1:
-        print("mocksandbox: --workers and --ray do not combine: use --replicas N", file=sys.stderr)
-        return 2
-    address = None if args.ray == LOCAL_RAY else args.ray
-    replicas = args.replicas or 2
-    try:
-        fleet = deploy(
-            settings, address=address, replicas=replicas, proxy_location=args.proxy_location or "EveryNode"
-        )
-    except (FleetError, FaultError, ValueError, ConnectionError) as exc:
-        print(f"mocksandbox: {exc}", file=sys.stderr)
-        return 2
-    signal.signal(signal.SIGINT, _interrupt)
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        alive = fleet.replicas()
-        nodes = sorted({r["node_id"] for r in alive})
-        print(
-            f"mocksandbox {__version__} serving on {fleet.url} with {len(alive)} Ray Serve replicas on "
-            f"{len(nodes)} node(s)",
-            flush=True,
-        )
-        where = "every node with a replica" if args.proxy_location != "HeadOnly" else "the head node"
-        print(f"  proxies: on {where}, each at {fleet.url}", flush=True)
-        print("  control state: one Ray actor (journal, cap, faults, leases, sessions)", flush=True)
-        print("  press Ctrl-C to stop", flush=True)
-        known = {r["key"] for r in alive}
-        while True:  # say when Serve replaces a replica
-            time.sleep(1.0)
-            now = {r["key"] for r in fleet.replicas()}
-            for key in sorted(known - now):
-                print(f"mocksandbox: {key} is gone", flush=True)
-            for key in sorted(now - known):
-                print(f"mocksandbox: {key} joined", flush=True)
-            known = now
-    except KeyboardInterrupt:
-        pass
-    finally:
-        print("\nmocksandbox: stopping the fleet", flush=True)
-        fleet.stop()
-    return 0
+    return serve_single(settings)
 
 
 #: ``--ray`` without an address: a new local Ray instance on 127.0.0.1.
@@ -360,10 +132,6 @@ EXTRA_COMMAND_MODULES = (
     "mocksandbox.runtime.command",  # mocksandbox runtime install, mocksandbox languages
     "mocksandbox.recording.command",  # mocksandbox record
 )
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def build_parser() -> argparse.ArgumentParser:

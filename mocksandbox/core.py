@@ -105,7 +105,7 @@ class MockSandbox:
     ) -> MockSandbox:
         """A sandbox with the real engine, confined as the host allows.
 
-        One of several worker processes (see :mod:`mocksandbox.workers`) passes the ``control``
+        One of several worker processes (see :mod:`mocksandbox.serving.workers`) passes the ``control``
         state they share, its ``worker_name``, its share of the host's ``process_budget`` and
         ``memory_budget``, and ``shared_state_dir`` (the sessions' state dir, prepared by the
         process that started it).

@@ -10,7 +10,7 @@ contract   pytest, hypothesis                       ``mocksandbox contract`` (th
 jupyter    jupyter_client, ipykernel (pyzmq)        ``POST /run_jupyter``
 stress     rich, matplotlib                         ``mocksandbox stress`` (table, ``--plot``)
 ray        ray                                      ``--mode ray``, ``pool_mode: ray``
-fleet      ray[serve], a2wsgi                       ``serve --ray`` (:mod:`mocksandbox.fleet`)
+fleet      ray[serve], a2wsgi                       ``serve --ray`` (:mod:`mocksandbox.serving.fleet`)
 docker     docker                                   ``mocksandbox contract --docker``
 runtime    numpy, pandas, scipy, sympy              programs sent to ``/run_code``
 all        every one of the above

@@ -42,7 +42,7 @@ Markers
     (``serve --workers N``), started once per session (and xdist worker) for each N asked for.
 ``mocksandbox_fleet`` and ``@pytest.mark.mocksandbox_fleet(replicas=3)``
     A :class:`MockSandboxHandle` for a Ray Serve fleet of the mock (``serve --ray``, see
-    :mod:`mocksandbox.fleet`) on the Ray cluster this process is connected to (a local one is
+    :mod:`mocksandbox.serving.fleet`) on the Ray cluster this process is connected to (a local one is
     started if none is), reset at the start of the test like ``mocksandbox``. One fleet per
     session and set of marker arguments (``replicas``, default 2, and other ``deploy`` options);
     needs ``mocksandbox[fleet]``.
@@ -73,10 +73,10 @@ import pytest
 if TYPE_CHECKING:
     from mocksandbox.core import MockSandbox
     from mocksandbox.faults import FaultRule
-    from mocksandbox.fleet import Fleet
     from mocksandbox.journal import JournalEntry
-    from mocksandbox.server import ServerThread
-    from mocksandbox.workers import PoolControl
+    from mocksandbox.serving.fleet import Fleet
+    from mocksandbox.serving.single import ServerThread
+    from mocksandbox.serving.workers import PoolControl
 
 INPROCESS_BASE_URL = "http://mocksandbox.test"
 
@@ -178,7 +178,7 @@ class _EarlyServer:
 
     def __init__(self, config: pytest.Config) -> None:
         from mocksandbox.core import MockSandbox
-        from mocksandbox.server import ServerThread
+        from mocksandbox.serving.single import ServerThread
         from mocksandbox.settings import load_settings
 
         settings = load_settings(_settings_file(config), overrides={"host": "127.0.0.1", "port": 0})
@@ -197,8 +197,8 @@ class MockSandboxHandle:
     """What a test holds: the sandbox's state and helpers to shape and inspect it."""
 
     def __init__(self, sandbox: MockSandbox | PoolControl | Fleet, url: str) -> None:
-        #: The sandbox behind the server (a :class:`~mocksandbox.workers.PoolControl` for workers,
-        #: a :class:`~mocksandbox.fleet.Fleet` for a Ray fleet).
+        #: The sandbox behind the server (a :class:`~mocksandbox.serving.workers.PoolControl` for workers,
+        #: a :class:`~mocksandbox.serving.fleet.Fleet` for a Ray fleet).
         self.sandbox = sandbox
         #: Base URL of the server (``http://127.0.0.1:<port>``).
         self.url = url
@@ -304,7 +304,7 @@ def mocksandbox_server(mocksandbox_core: MockSandbox, pytestconfig: pytest.Confi
     if early is not None:
         yield early.server
         return
-    from mocksandbox.server import ServerThread
+    from mocksandbox.serving.single import ServerThread
 
     server = ServerThread(mocksandbox_core, "127.0.0.1", 0).start()
     yield server
@@ -356,8 +356,8 @@ class _WorkerPools:
 
     def get(self, workers: int) -> PoolControl:
         if workers not in self.pools:
+            from mocksandbox.serving.workers import PoolControl, WorkerPool
             from mocksandbox.settings import load_settings
-            from mocksandbox.workers import PoolControl, WorkerPool
 
             settings = load_settings(
                 _settings_file(self.config), overrides={"host": "127.0.0.1", "port": 0, "workers": workers}
@@ -440,7 +440,7 @@ class _Fleets:
     def get(self, options: dict[str, Any]) -> Fleet:
         import ray
 
-        from mocksandbox.fleet import deploy
+        from mocksandbox.serving.fleet import deploy
 
         cluster = ray.get_runtime_context().gcs_address if ray.is_initialized() else ""
         key = (cluster, tuple(sorted(options.items())))
@@ -475,9 +475,10 @@ def _mocksandbox_fleets() -> Iterator[_Fleets]:
 def mocksandbox_fleet(request: pytest.FixtureRequest) -> Iterator[MockSandboxHandle]:
     """A Ray Serve fleet of the mock (``@pytest.mark.mocksandbox_fleet(replicas=3)``), reset for
     this test, as a :class:`MockSandboxHandle`; ``handle.sandbox`` is the
-    :class:`~mocksandbox.fleet.Fleet` (replicas, their nodes, :meth:`~mocksandbox.fleet.Fleet.stop`)."""
+    :class:`~mocksandbox.serving.fleet.Fleet` (replicas, their nodes,
+    :meth:`~mocksandbox.serving.fleet.Fleet.stop`)."""
     from mocksandbox.extras import MissingExtraError
-    from mocksandbox.fleet import require_fleet_extra
+    from mocksandbox.serving.fleet import require_fleet_extra
 
     try:
         require_fleet_extra()

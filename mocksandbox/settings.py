@@ -86,7 +86,7 @@ class Settings(BaseModel):
     #: Answer requests for any host and from any page (only behind a proxy that checks them).
     allow_any_host: bool = False
     #: Server processes answering from one address over one control state (``auto``: one per
-    #: usable core). Each has its own launcher and confinement; see ``mocksandbox.workers``.
+    #: usable core). Each has its own launcher and confinement; see ``mocksandbox.serving.workers``.
     workers: int | Literal["auto"] = 1
     #: With several workers, keep each worker (its launcher and relays too) to its share of the
     #: usable cores; user programs still get every core. Less CPU per request (no wake-ups bounced

@@ -1,6 +1,7 @@
 """What the pytest fixtures do with a :class:`~mocksandbox.core.MockSandbox`, done on a server
-whose control state lives elsewhere: a worker pool's master (:class:`~mocksandbox.workers.PoolControl`)
-or a Ray fleet's control actor (:class:`~mocksandbox.fleet.Fleet`). The same names and meanings as
+whose control state lives elsewhere: a worker pool's master
+(:class:`~mocksandbox.serving.workers.PoolControl`) or a Ray fleet's control actor
+(:class:`~mocksandbox.serving.fleet.Fleet`). The same names and meanings as
 MockSandbox's; reading goes straight to the control state (exact, no HTTP), and a reset goes
 through the server, which also resets the swedev sessions it holds."""
 

@@ -32,11 +32,11 @@ class RecordingProxy:
 
 
 def create_proxy_server(recorder: Recorder, host: str = "127.0.0.1", port: int = 0) -> Any:
-    """A :class:`~mocksandbox.server.MockServer` serving a :class:`RecordingProxy` (not started).
+    """A :class:`~mocksandbox.serving.single.MockServer` serving a :class:`RecordingProxy` (not started).
 
     Answers only requests for loopback names and ``host``, as ``mocksandbox serve`` does.
     """
-    from mocksandbox.server import MockServer
+    from mocksandbox.serving.single import MockServer
     from mocksandbox.web.host_guard import HostGuard, HostPolicy, split_host
 
     policy = HostPolicy(frozenset({split_host(host)}))

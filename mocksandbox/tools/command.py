@@ -65,7 +65,7 @@ def _rollout(args: argparse.Namespace) -> int:
     url = args.url
     if url is None:
         from mocksandbox.core import MockSandbox
-        from mocksandbox.server import ServerThread
+        from mocksandbox.serving.single import ServerThread
         from mocksandbox.settings import load_settings
 
         sandbox = MockSandbox.create(load_settings(None, overrides={"host": "127.0.0.1", "port": 0}))

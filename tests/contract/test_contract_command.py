@@ -15,7 +15,7 @@ from mocksandbox.contract.command import EXIT_NO_DOCKER
 from mocksandbox.contract.differential import compare, corpus_cases, generated_cases
 from mocksandbox.contract.docker_launcher import NoDockerEngine, running_image
 from mocksandbox.core import MockSandbox
-from mocksandbox.server import ServerThread
+from mocksandbox.serving.single import ServerThread
 
 
 @pytest.fixture(scope="module")

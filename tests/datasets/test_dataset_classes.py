@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from mocksandbox.core import MockSandbox
-from mocksandbox.server import ServerThread
+from mocksandbox.serving.single import ServerThread
 from mocksandbox.settings import Settings
 
 NO_PROXY = {"http": "", "https": ""}

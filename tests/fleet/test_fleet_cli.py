@@ -37,7 +37,7 @@ def test_replicas_without_ray_is_refused(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_the_fleet_module_imports_no_ray() -> None:
-    code = "import sys, mocksandbox.fleet, mocksandbox.cli; print('ray' in sys.modules)"
+    code = "import sys, mocksandbox.serving.fleet, mocksandbox.cli; print('ray' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 

@@ -22,7 +22,7 @@ from mocksandbox.recording.cassette import CassetteWriter
 from mocksandbox.recording.forward import Forwarder
 from mocksandbox.recording.proxy import ProxyThread
 from mocksandbox.recording.recorder import Recorder
-from mocksandbox.server import ServerThread, running_server
+from mocksandbox.serving.single import ServerThread, running_server
 from mocksandbox.settings import load_settings
 
 

@@ -16,7 +16,7 @@ import requests
 from conftest import cli_server, recording
 
 from mocksandbox.recording.cassette import read_cassette
-from mocksandbox.server import ServerThread
+from mocksandbox.serving.single import ServerThread
 from mocksandbox.sessions import InstanceRegistry
 from mocksandbox.sessions.scripted import function_call
 

@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from mocksandbox.recording.cassette import read_cassette
-from mocksandbox.server import running_server
+from mocksandbox.serving.single import running_server
 from mocksandbox.settings import load_settings
 
 pytestmark = pytest.mark.slow

@@ -24,7 +24,7 @@ from conftest import recording, replaying
 from mocksandbox.extras import jupyter_missing
 from mocksandbox.recording.cassette import CassetteWriter, Exchange, RecordedRequest, read_cassette
 from mocksandbox.recording.replay import CassetteMiss, has_toolchain
-from mocksandbox.server import ServerThread, running_server
+from mocksandbox.serving.single import ServerThread, running_server
 from mocksandbox.sessions import InstanceRegistry
 from mocksandbox.sessions.scripted import diff_block, function_call
 from mocksandbox.settings import load_settings

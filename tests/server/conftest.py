@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from mocksandbox.server import ServerThread, running_server
+from mocksandbox.serving.single import ServerThread, running_server
 from mocksandbox.settings import Settings
 
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")

@@ -31,9 +31,9 @@ from typing import Any
 import pytest
 import requests
 
-from mocksandbox.server import ServerThread, running_server
+from mocksandbox.serving.single import ServerThread, running_server
 from mocksandbox.settings import Settings
-from mocksandbox.workers import PoolControl, WorkerPool
+from mocksandbox.serving.workers import PoolControl, WorkerPool
 
 sandbox_fusion = pytest.importorskip("sandbox_fusion", reason="the sandbox-fusion client is not installed")
 from sandbox_fusion import (  # noqa: E402

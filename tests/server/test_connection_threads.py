@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from mocksandbox.server import MockServer, _HandlerThreads
+from mocksandbox.serving.single import MockServer, _HandlerThreads
 
 
 @pytest.fixture

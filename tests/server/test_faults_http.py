@@ -216,7 +216,7 @@ def test_assertion_message_shows_nearest_calls(mocksandbox: MockSandboxHandle, m
 
 def test_control_api_can_be_switched_off() -> None:
     from mocksandbox.core import MockSandbox
-    from mocksandbox.server import ServerThread
+    from mocksandbox.serving.single import ServerThread
     from mocksandbox.settings import load_settings
 
     box = MockSandbox.create(load_settings(overrides={"control_api": False}))

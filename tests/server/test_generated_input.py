@@ -45,7 +45,7 @@ from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
 from mocksandbox.models import ALL_LANGUAGES
-from mocksandbox.server import ServerThread, running_server
+from mocksandbox.serving.single import ServerThread, running_server
 from mocksandbox.settings import Settings
 
 LONG = os.environ.get("MOCKSANDBOX_FUZZ_LONG") == "1"

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from mocksandbox.core import MockSandbox
-from mocksandbox.server import ServerThread
+from mocksandbox.serving.single import ServerThread
 from mocksandbox.settings import Settings
 
 PRINT = json.dumps({"code": "print(1)", "language": "python"}).encode()

@@ -22,7 +22,7 @@ import requests
 from pytest_httpserver import HTTPServer
 
 from mocksandbox.core import MockSandbox
-from mocksandbox.server import ServerThread, running_server
+from mocksandbox.serving.single import ServerThread, running_server
 from mocksandbox.sessions import BackendError, InstanceRegistry
 from mocksandbox.sessions.scripted import diff_block
 from mocksandbox.settings import load_settings

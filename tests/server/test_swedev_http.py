@@ -30,7 +30,7 @@ import pytest
 import requests
 
 from mocksandbox.core import MockSandbox
-from mocksandbox.server import ServerThread, running_server
+from mocksandbox.serving.single import ServerThread, running_server
 from mocksandbox.sessions import Instance, InstanceRegistry
 from mocksandbox.sessions.scripted import diff_block, function_call, gold_editor_calls
 from mocksandbox.settings import load_settings

@@ -46,7 +46,7 @@ class Served:
         found = []
         for child in psutil.Process(self.process.pid).children():
             try:
-                if "mocksandbox.workers" in " ".join(child.cmdline()):
+                if "mocksandbox.serving.workers" in " ".join(child.cmdline()):
                     found.append(child)
             except psutil.Error:  # a killed worker not reaped yet: not one of the workers
                 continue

@@ -14,7 +14,7 @@ import pytest
 from mocksandbox.core import MockSandbox
 from mocksandbox.pytest_plugin import MockSandboxHandle
 from mocksandbox.ratelimit import FairLimiter, RetryPolicy, ThreadExecutionPool, faulty
-from mocksandbox.server import ServerThread
+from mocksandbox.serving.single import ServerThread
 from mocksandbox.settings import load_settings
 from mocksandbox.stress.harness import StressConfig, run_stress
 from mocksandbox.stress.workload import is_gateway_timeout

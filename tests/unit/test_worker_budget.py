@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mocksandbox.execution.budget import MemoryLimit, ProcessLimit, plan_memory_budget, plan_process_budget
-from mocksandbox.workers import (
+from mocksandbox.serving.workers import (
     budget_to_json,
     memory_budget_from_json,
     process_budget_from_json,

@@ -13,7 +13,7 @@ import pytest
 from flask.testing import FlaskClient
 
 from mocksandbox.core import MockSandbox
-from mocksandbox.server import ServerThread
+from mocksandbox.serving.single import ServerThread
 from mocksandbox.settings import Settings
 from mocksandbox.web import create_app
 from mocksandbox.web.host_guard import HostPolicy, is_loopback_host, split_host

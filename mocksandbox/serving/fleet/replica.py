@@ -185,7 +185,7 @@ def _node_address(node_id: str) -> str:
 
 
 class FleetReplica:
-    """The body of the Serve deployment (wrapped by ``serve.ingress`` in :mod:`mocksandbox.fleet`)."""
+    """The body of the Serve deployment (wrapped by ``serve.ingress`` in :mod:`mocksandbox.serving.fleet`)."""
 
     def __init__(
         self,
@@ -198,7 +198,7 @@ class FleetReplica:
         threads: int,
         peer_host: str | None = None,
     ) -> None:
-        from mocksandbox.server import MockServer
+        from mocksandbox.serving.single import MockServer
 
         context = ray.get_runtime_context()
         self.token = token
@@ -230,7 +230,9 @@ class FleetReplica:
         # layer and the rest; forwarded requests enter below the journal layer (already journaled).
         guard = app.wsgi_app
         if not isinstance(guard, HostGuard) or not isinstance(guard.app, MockLayer):
-            raise RuntimeError("mocksandbox.fleet: create_app's layers are not HostGuard(MockLayer(...))")
+            raise RuntimeError(
+                "mocksandbox.serving.fleet: create_app's layers are not HostGuard(MockLayer(...))"
+            )
         layer = guard.app
         self._peer_target = layer.app
         layer.app = SessionRouter(layer.app, self)

@@ -3,7 +3,7 @@
 The process model: the *master* (the ``mocksandbox serve`` process) binds the listening socket,
 holds the control state (:class:`~mocksandbox.control.pooled.PooledControlState`, served to the
 workers by a :class:`~mocksandbox.control.shared.ControlStateServer`, its counters mapped by all)
-and the sessions' state dir, and starts N *workers*: ``python -m mocksandbox.workers``, each
+and the sessions' state dir, and starts N *workers*: ``python -m mocksandbox.serving.workers``, each
 inheriting the listening socket and accepting from it (the kernel hands each connection to one of
 them), each with its own app, launcher and confinement, and a
 :class:`~mocksandbox.control.shared.RemoteControlState`. The host's process budget is split between
@@ -95,7 +95,7 @@ def memory_budget_from_json(text: str) -> MemoryBudget:
 def shared_listener(host: str, port: int) -> socket.socket:
     """The listening socket every worker accepts from (non-blocking: a worker that loses the race
     for a connection goes back to waiting instead of blocking in ``accept``)."""
-    from mocksandbox.server import bind_listener
+    from mocksandbox.serving.single import bind_listener
 
     listener = bind_listener(host, port)
     listener.setblocking(False)
@@ -168,7 +168,7 @@ class WorkerPool:
         command = [
             sys.executable,
             "-m",
-            "mocksandbox.workers",
+            "mocksandbox.serving.workers",
             "--listen-fd",
             str(self.listener.fileno()),
             "--ready-fd",
@@ -273,11 +273,71 @@ def _read_line(stream: Any, timeout: float) -> bytes:
     return result[0] if result else b""
 
 
+def serve_workers(settings: Settings) -> int:
+    """``serve --workers N``: the master of N worker processes (see :mod:`mocksandbox.serving.workers`)."""
+    from mocksandbox import __version__
+    from mocksandbox.serving.banner import stop_on_signals
+    from mocksandbox.sessions import SessionError
+
+    count = settings.worker_count()
+    try:
+        pool = WorkerPool(settings, count)
+    except OSError as exc:
+        print(
+            f"mocksandbox: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 2
+    except SessionError as exc:
+        print(f"mocksandbox: {exc}", file=sys.stderr)
+        return 2
+    stop_on_signals()
+    try:
+        banner = pool.start()
+        print(f"mocksandbox {__version__} serving on {pool.url} with {count} workers", flush=True)
+        for line in banner:
+            # The first worker describes its share of the budgets: say the whole instead.
+            if line.startswith("  process budget:"):
+                line = f"  process budget: {pool.budget.describe()}"
+            elif line.startswith("  memory budget:"):
+                line = f"  memory budget: {pool.memory_budget.describe()}"
+            print(line, flush=True)
+        share, memory = pool.worker_budget, pool.worker_memory_budget
+        print(
+            f"  workers: {count}, one control state; each worker's runs: "
+            f"{share.runs_total if share.runs_total is not None else 'any number of'} processes "
+            f"together, {share.per_run} per run"
+            + ("" if memory.runs_total is None else f"; {memory.runs_total // (1 << 20)} MiB together"),
+            flush=True,
+        )
+        if pool.shares is not None:
+            cores = "; ".join(
+                f"{worker.name} on {format_cpus(share)}"
+                for worker, share in zip(pool.workers, pool.shares, strict=True)
+            )
+            print(f"  cores: {cores} (user programs on all; --no-pin-workers to let them roam)", flush=True)
+        print("  press Ctrl-C to stop", flush=True)
+        pool.watch()
+    except WorkerStartError as exc:
+        print(f"mocksandbox: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        pass
+    finally:
+        # A second Ctrl-C (or a signal sent to the whole group as well as to us) must not break
+        # the stop off half-way with a traceback: it is bounded (workers are killed after 30 s).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("\nmocksandbox: stopping", flush=True)
+        pool.stop()
+    return 0
+
+
 # -- the worker process ------------------------------------------------------------------------------
 
 
 def _worker_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mocksandbox.workers")
+    parser = argparse.ArgumentParser(prog="python -m mocksandbox.serving.workers")
     parser.add_argument("--listen-fd", type=int, required=True)
     parser.add_argument("--ready-fd", type=int, required=True)
     parser.add_argument("--control", required=True)
@@ -295,10 +355,10 @@ def _worker_main(argv: list[str]) -> int:
         ready.write(json.dumps(message) + "\n")
         ready.flush()
 
-    from mocksandbox.cli import sandbox_banner
     from mocksandbox.control.shared import RemoteControlState
     from mocksandbox.core import MockSandbox
-    from mocksandbox.server import MockServer
+    from mocksandbox.serving.banner import sandbox_banner
+    from mocksandbox.serving.single import MockServer
     from mocksandbox.sessions import SessionError
     from mocksandbox.web import create_app
 
