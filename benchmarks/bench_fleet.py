@@ -90,9 +90,10 @@ def load(url: str, concurrency: int, requests: int) -> dict[str, Any]:
     }
 
 
-def start_single_server() -> tuple[subprocess.Popen[str], str]:
+def start_single_server(workers: int = 1) -> tuple[subprocess.Popen[str], str]:
+    command = [sys.executable, "-m", "mocksandbox.cli", "serve", "--host", "127.0.0.1", "--port", "0"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mocksandbox.cli", "serve", "--host", "127.0.0.1", "--port", "0"],
+        [*command, "--workers", str(workers)],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -159,6 +160,67 @@ def control_round_trip(fleet: Any, samples: int = 300) -> float:
     return statistics.median(timings)
 
 
+def measure_nodes(counts: list[int], requests: int, concurrency: int) -> list[dict[str, Any]]:
+    """The fleet on a simulated cluster (``ray.cluster_utils.Cluster``, loopback) of each node
+    count, one replica per node: throughput, and what the one control actor spends per request
+    (CPU, calls). On one machine the nodes share its cores: throughput cannot grow with them, but
+    the actor's share per request shows whether it stays flat."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from mocksandbox.serving.fleet import deploy
+    from mocksandbox.settings import load_settings
+
+    rows = []
+    node: dict[str, Any] = {"num_cpus": 2, "node_ip_address": "127.0.0.1", "object_store_memory": 80 << 20}
+    for count in counts:
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
+        try:
+            for _ in range(count - 1):
+                cluster.add_node(**node)
+            cluster.wait_for_nodes()
+            ray.init(address=cluster.address, log_to_driver=False, _node_ip_address="127.0.0.1")
+            fleet = deploy(
+                load_settings(overrides={"host": "127.0.0.1", "port": 0}),
+                replicas=count,
+                max_replicas_per_node=1,
+                name=f"bench{count}",
+            )
+            try:
+                load(fleet.url, 4, 40)  # warm
+                calls_before, cpu_before = fleet.control.call_counts(), fleet_cpu()
+                served_before = fleet.stats()["requests_total"]
+                row = load(fleet.url, concurrency, requests)
+                calls_after, cpu_after = fleet.control.call_counts(), fleet_cpu()
+                served = max(1, fleet.stats()["requests_total"] - served_before)
+                row["nodes"] = count
+                row["control_actor_cpu_ms"] = (
+                    1000 * (cpu_after["control actor"] - cpu_before["control actor"]) / served
+                )
+                row["control_calls_per_request"] = (
+                    sum(calls_after.values()) - sum(calls_before.values())
+                ) / served
+                rows.append(row)
+            finally:
+                fleet.stop()
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
+    return rows
+
+
+def projection(cpu_ms: dict[str, float], nodes: int = 100, cores: int = 64) -> dict[str, float]:
+    """What ``nodes`` nodes of ``cores`` cores would serve, from the measured CPU per request: the
+    parts that scale out with nodes (proxies, replicas, programs) against the one control actor."""
+    scaled = sum(v for k, v in cpu_ms.items() if k != "control actor")
+    actor = cpu_ms.get("control actor", 0.0)
+    capacity = nodes * cores * 1000 / scaled if scaled > 0 else float("inf")
+    ceiling = 1000 / actor if actor > 0 else float("inf")
+    return {"nodes": nodes, "cores": cores, "nodes_capacity": capacity, "actor_ceiling": ceiling}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -167,6 +229,18 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=300, help="per concurrency level (300)")
     parser.add_argument("--concurrency", default="16,64", help="levels besides 1 (16,64)")
     parser.add_argument("--json", metavar="FILE", help="write the figures here")
+    parser.add_argument(
+        "--baseline-workers",
+        type=int,
+        default=2,
+        help="also measure `serve --workers N` (2): the fleet's target is a share of its throughput",
+    )
+    parser.add_argument(
+        "--nodes",
+        default="",
+        help="also a simulated cluster of each node count (e.g. 1,2,4), one replica per node: "
+        "throughput and the control actor's CPU and calls per request",
+    )
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -184,6 +258,16 @@ def main() -> int:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+    if args.baseline_workers > 1:
+        proc, workers_url = start_single_server(args.baseline_workers)
+        try:
+            load(workers_url, 4, 40)  # warm
+            results["workers"] = [load(workers_url, 1, args.requests)] + [
+                load(workers_url, c, args.requests) for c in levels
+            ]
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
 
     from mocksandbox.serving.fleet import deploy
     from mocksandbox.settings import load_settings
@@ -197,9 +281,11 @@ def main() -> int:
         before, requests_before = fleet_cpu(), fleet.stats()["requests_total"]
         for c in levels:
             results["fleet"].append(load(fleet.url, c, args.requests))
+        calls = fleet.control.call_counts()  # (the whole run's, warm-up included)
         after, requests_after = fleet_cpu(), fleet.stats()["requests_total"]
         served = max(1, requests_after - requests_before)
         results["cpu_ms_per_request"] = {k: 1000 * (after[k] - before[k]) / served for k in after}
+        results["control_calls_per_request"] = sum(calls.values()) / max(1, requests_after)
         results["control_round_trip_ms"] = 1000 * control_round_trip(fleet)
     finally:
         fleet.stop()
@@ -210,8 +296,8 @@ def main() -> int:
     results["control_actor_ceiling_req_per_s"] = 1000 / actor_ms if actor_ms > 0 else None
 
     print(f"{'':10}{'conc':>6}{'req/s':>10}{'p50 ms':>10}{'p90 ms':>10}{'fail':>6}")
-    for name in ("single", "fleet"):
-        for row in results[name]:
+    for name in ("single", "workers", "fleet"):
+        for row in results.get(name, []):
             print(
                 f"{name:10}{row['concurrency']:>6}{row['req_per_s']:>10.1f}{row['p50_ms']:>10.2f}"
                 f"{row['p90_ms']:>10.2f}{row['failures']:>6}"
@@ -222,6 +308,33 @@ def main() -> int:
         + ", ".join(f"{k} {v:.2f}" for k, v in results["cpu_ms_per_request"].items())
     )
     print(f"control actor admit+finish round trip: {results['control_round_trip_ms']:.2f} ms")
+    print(f"control actor calls per request: {results['control_calls_per_request']:.2f}")
+    if "workers" in results:
+        for fleet_row, workers_row in zip(results["fleet"][1:], results["workers"][1:], strict=True):
+            share = fleet_row["req_per_s"] / workers_row["req_per_s"]
+            print(
+                f"fleet / serve --workers {args.baseline_workers} at concurrency "
+                f"{fleet_row['concurrency']}: {share:.2f} of its throughput"
+            )
+    print(f"fleet p50 / single p50 at concurrency 1: {fleet1['p50_ms'] / single1['p50_ms']:.2f}x")
+    projected = projection(results["cpu_ms_per_request"])
+    results["projection"] = projected
+    print(
+        f"projection to {projected['nodes']} nodes of {projected['cores']} cores: their proxies, replicas "
+        f"and programs could serve ~{projected['nodes_capacity']:.0f} req/s; the one control actor "
+        f"caps the fleet at ~{projected['actor_ceiling']:.0f} req/s"
+    )
+    if args.nodes:
+        counts = [int(n) for n in args.nodes.split(",")]
+        levels_c = levels[0] if levels else 16
+        results["nodes"] = measure_nodes(counts, args.requests, levels_c)
+        print(f"\nsimulated cluster, one replica per node, concurrency {levels_c}:")
+        print(f"{'nodes':>6}{'req/s':>10}{'p50 ms':>10}{'actor CPU ms/req':>18}{'actor calls/req':>17}")
+        for row in results["nodes"]:
+            print(
+                f"{row['nodes']:>6}{row['req_per_s']:>10.1f}{row['p50_ms']:>10.2f}"
+                f"{row['control_actor_cpu_ms']:>18.3f}{row['control_calls_per_request']:>17.2f}"
+            )
     if results["control_actor_ceiling_req_per_s"]:
         print(
             f"one control actor's ceiling: ~{results['control_actor_ceiling_req_per_s']:.0f} req/s fleet-wide"

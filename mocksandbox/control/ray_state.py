@@ -27,6 +27,7 @@ already gives them a named, reachable, monitored place to meet. A request costs 
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -88,6 +89,8 @@ class ControlActor:
     blocks one of the actor's threads only."""
 
     def __init__(self, journal_limit: int, capacity: CapacityPolicy, faults: list[FaultSpec]) -> None:
+        #: Calls of the request path so far, by method (what ``bench_fleet.py`` divides by requests).
+        self.calls: Counter[str] = Counter()
         self.state = LocalControlState(journal_limit, capacity)
         self.state.reset(faults, capacity)
         self._lock = threading.Lock()
@@ -104,6 +107,7 @@ class ControlActor:
     # keep the finish that frees the slot from running.
     @ray.method(concurrency_group="admission")  # type: ignore[untyped-decorator]
     def admit(self, request: IncomingRequest, replica: str) -> Admission:
+        self.calls["admit"] += 1
         admission = self.state.admit(request)
         if admission.admitted:
             with self._lock:
@@ -129,6 +133,7 @@ class ControlActor:
         replica: str,
         divergences: tuple[str, ...] = (),
     ) -> None:
+        self.calls["finish"] += 1
         with self._lock:
             record = self._replicas.get(replica)
             if record is not None:
@@ -140,6 +145,7 @@ class ControlActor:
         self.state.finish(entry_id, status, response, outcome, leave, divergences)
 
     def leave(self, replica: str) -> None:
+        self.calls["leave"] += 1
         with self._lock:
             record = self._replicas.get(replica)
             if record is not None:
@@ -200,6 +206,10 @@ class ControlActor:
 
     def next_replay(self, entry_id: int | None, key: str, labels: list[str]) -> int:
         return self.state.next_replay(entry_id, key, labels)
+
+    def call_counts(self) -> dict[str, int]:
+        """The request path's calls so far, by method (``admit``, ``finish``, ``leave``)."""
+        return dict(self.calls)
 
     def ping(self) -> str:
         return "pong"
@@ -376,6 +386,11 @@ class RayControlState:
     def admit(self, request: IncomingRequest) -> Admission:
         admission: Admission = self._call("admit", request, self.replica)
         return admission
+
+    def call_counts(self) -> dict[str, int]:
+        """The control actor's request-path calls so far, by method."""
+        counts: dict[str, int] = self._call("call_counts")
+        return counts
 
     def finish(
         self,
