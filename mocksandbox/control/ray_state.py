@@ -20,13 +20,24 @@ What a cluster adds, and this actor keeps beside that state:
   survived.
 
 Why an actor and not the Unix-socket state server: replicas run on several machines, and Ray
-already gives them a named, reachable, monitored place to meet. A request costs two actor calls
-(``admit``, ``finish``), each well under a millisecond on one machine.
+already gives them a named, reachable, monitored place to meet.
+
+**The fast path.** While no fault rule and no cap is in force, a request costs the actor no call:
+the replica admits it by itself and tells the actor what happened in batches, one way
+(:class:`FastPath`); every read drains the replicas first (a signal they long-poll, answered with
+all they hold), and puts their requests in the journal in the order they arrived. Adding a rule or
+a cap closes the path on every replica before it takes effect (the actor waits for each one's
+answer), so schedules (``first: 3``) and the cap stay exact: with either in force, a request costs
+two actor calls (``admit``, ``finish``), as before. What a replica that dies had not told yet (at
+most ``TELL_EVERY_S`` of requests) is lost with it; what it had told and not finished is closed as
+``lost``, its permits given back.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -43,10 +54,21 @@ from mocksandbox.control.state import (
     ServerError,
 )
 from mocksandbox.faults import FaultRule, FaultSpec
-from mocksandbox.journal import JournalEntry
+from mocksandbox.journal import BODY_LIMIT, JournalEntry
 
 #: Admissions the control actor runs at once (each waiting one holds a thread).
 ADMISSION_THREADS = 1024
+#: Replicas' long polls the control actor holds at once (one each).
+SIGNAL_THREADS = 1024
+#: Threads applying what replicas tell (drains wait for them).
+TOLD_THREADS = 16
+#: How long a read waits for the replicas' events before it answers with what it has.
+DRAIN_TIMEOUT_S = 2.0
+#: How long a replica's long poll waits before it asks again.
+POLL_TIMEOUT_S = 10.0
+#: A replica tells its events at least this often while it has some, and at once past this many.
+TELL_EVERY_S = 1.0
+TELL_AT_EVENTS = 1024
 #: How often the actor asks Ray whether its replicas are alive.
 WATCH_INTERVAL_S = 0.25
 #: How long one look at a replica may take before it is left for the next look (not declared dead:
@@ -94,6 +116,24 @@ class ControlActor:
         self.state = LocalControlState(journal_limit, capacity)
         self.state.reset(faults, capacity)
         self._lock = threading.Lock()
+        # The fast path (see FastPath): replicas admit by themselves while no rule or cap is in
+        # force, and tell their requests in batches; every read drains them first.
+        self._signal_cond = threading.Condition()
+        #: Bumped by every drain and every change of the fast path; replicas long-poll it.
+        self._signal = 0
+        self._fast = self._fast_allowed()
+        #: Per subscribed replica: the last signal it acknowledged, and the batches it said it sent
+        #: and the batches applied (a drain waits until those meet).
+        self._acked: dict[str, int] = {}
+        self._sent: dict[str, int] = {}
+        self._applied: dict[str, int] = {}
+        #: Events told and not yet in the journal, and fast entries' journal ids by (replica, local id).
+        self._pending_events: list[tuple[Any, ...]] = []
+        self._fast_ids: dict[tuple[str, int], int] = {}
+        #: Told batches that arrived before an earlier one of the same replica: applied in order.
+        self._early: dict[tuple[str, int], list[tuple[Any, ...]]] = {}
+        #: One drain at a time: each puts what it took in time order.
+        self._drain_lock = threading.Lock()
         self._replicas: dict[str, ReplicaRecord] = {}
         #: Session id -> slot of the replica whose state dir holds it.
         self._sessions: dict[str, int] = {}
@@ -157,13 +197,21 @@ class ControlActor:
     # -- the rest of the protocol, as LocalControlState has it ---------------------------------------
 
     def add_faults(self, specs: list[FaultSpec]) -> list[FaultRule]:
-        return self.state.add_faults(specs)
+        self._close_fast_path()  # before the rules: no replica may admit by itself past them
+        try:
+            return self.state.add_faults(specs)
+        finally:
+            self._open_fast_path_if_allowed()
 
     def remove_fault(self, rule_id: str) -> bool:
-        return self.state.remove_fault(rule_id)
+        removed = self.state.remove_fault(rule_id)
+        self._open_fast_path_if_allowed()
+        return removed
 
     def clear_faults(self) -> list[str]:
-        return self.state.clear_faults()
+        cleared = self.state.clear_faults()
+        self._open_fast_path_if_allowed()
+        return cleared
 
     def fault_rules(self) -> list[FaultRule]:
         return self.state.fault_rules()
@@ -172,15 +220,22 @@ class ControlActor:
         return self.state.capacity()
 
     def set_capacity(self, policy: CapacityPolicy) -> None:
-        self.state.set_capacity(policy)
+        self._close_fast_path()
+        try:
+            self.state.set_capacity(policy)
+        finally:
+            self._open_fast_path_if_allowed()
 
     def entries(self) -> list[JournalEntry]:
+        self._drain()
         return self.state.entries()
 
     def stats(self) -> dict[str, Any]:
+        self._drain()
         return self.state.stats()
 
     def timeline(self) -> list[tuple[float, int]]:
+        self._drain()
         return self.state.timeline()
 
     def record_error(self, error: tuple[str, str, str, str]) -> None:
@@ -190,22 +245,138 @@ class ControlActor:
         return [_error_to_wire(error) for error in self.state.take_errors()]
 
     def reset(self, faults: list[FaultSpec], capacity: CapacityPolicy) -> None:
-        with self._lock:
-            # The in-flight count goes to zero: so do the permits counted against each replica.
-            for record in self._replicas.values():
-                record.held = 0
-                record.open_entries.clear()
-            self._sessions.clear()
-            self.state.reset(faults, capacity)
+        self._close_fast_path()  # everything told so far is in; later news of it is dropped
+        try:
+            with self._lock:
+                # The in-flight count goes to zero: so do the permits counted against each replica.
+                for record in self._replicas.values():
+                    record.held = 0
+                    record.open_entries.clear()
+                self._sessions.clear()
+                with self._signal_cond:
+                    self._fast_ids.clear()
+                    self._pending_events.clear()
+                self.state.reset(faults, capacity)
+        finally:
+            self._open_fast_path_if_allowed()
 
     def live_view(self, after: int, pending: list[int], since: float, limit: int) -> dict[str, Any]:
+        self._drain()
         return self.state.live_view(after, pending, since, limit)
 
     def entry(self, entry_id: int) -> JournalEntry | None:
+        self._drain()
         return self.state.entry(entry_id)
 
-    def next_replay(self, entry_id: int | None, key: str, labels: list[str]) -> int:
+    def next_replay(self, entry_id: int | None, key: str, labels: list[str], replica: str = "") -> int:
+        if entry_id is not None and entry_id < 0:  # a fast entry: its journal id, once drained
+            self._drain()
+            with self._signal_cond:
+                entry_id = self._fast_ids.get((replica, entry_id))
         return self.state.next_replay(entry_id, key, labels)
+
+    # -- the fast path: replicas admit by themselves, tell in batches, reads drain ------------------
+
+    def _fast_allowed(self) -> bool:
+        """No fault rule and no cap: nothing a replica could get wrong by admitting by itself."""
+        return not self.state.fault_rules() and self.state.capacity().max_in_flight is None
+
+    @ray.method(concurrency_group="signals")  # type: ignore[untyped-decorator]
+    def await_signal(self, replica: str, seen: int, timeout: float) -> tuple[int, bool]:
+        """A replica's long poll: ``(signal, fast)`` once the signal is past ``seen`` (a drain, or
+        the fast path opened or closed), or after ``timeout`` seconds."""
+        with self._signal_cond:
+            self._acked.setdefault(replica, seen)
+            self._signal_cond.wait_for(lambda: self._signal > seen, timeout)
+            return self._signal, self._fast
+
+    # Its own threads: drains wait for these calls, and must never hold every thread that could
+    # run them.
+    @ray.method(concurrency_group="told")  # type: ignore[untyped-decorator]
+    def told(self, replica: str, batch: int, events: list[tuple[Any, ...]], ack: int | None) -> None:
+        """A replica's events (``begin``, ``finish``, ``leave`` of its fast entries), batch number
+        ``batch`` (they are applied in order); with ``ack``, it has sent all it had by that signal."""
+        with self._signal_cond:
+            self._early[(replica, batch)] = events
+            applied = self._applied.get(replica, 0)
+            while (replica, applied + 1) in self._early:
+                applied += 1
+                self._pending_events.extend(self._early.pop((replica, applied)))
+            self._applied[replica] = applied
+            if ack is not None:
+                self._acked[replica] = max(self._acked.get(replica, 0), ack)
+                self._sent[replica] = max(self._sent.get(replica, 0), batch)
+            self._signal_cond.notify_all()
+
+    def _signal_replicas(self, timeout: float = DRAIN_TIMEOUT_S) -> None:
+        """Raise the signal and wait until every live subscribed replica has acknowledged it and
+        its batches up to then are applied (a replica that does not answer in time is left out:
+        what it has comes later)."""
+        with self._lock:
+            alive = {key for key, record in self._replicas.items() if record.alive}
+        with self._signal_cond:
+            self._signal += 1
+            target = self._signal
+            self._signal_cond.notify_all()
+            waiting = [key for key in self._acked if key in alive]
+
+            def all_in() -> bool:
+                return all(
+                    self._acked.get(key, 0) >= target and self._applied.get(key, 0) >= self._sent.get(key, 0)
+                    for key in waiting
+                )
+
+            self._signal_cond.wait_for(all_in, timeout)
+
+    def _drain(self) -> None:
+        """Bring every replica's told events into the journal, in the order they happened."""
+        with self._drain_lock:
+            if self._fast or self._pending_events:
+                self._signal_replicas()
+            with self._signal_cond:
+                events, self._pending_events = self._pending_events, []
+            if events:
+                self._apply(events)
+
+    def _apply(self, events: list[tuple[Any, ...]]) -> None:
+        offset = time.time() - time.monotonic()  # the replicas' wall clocks -> this clock
+        journal, in_flight = self.state.journal, self.state.in_flight
+        for event in sorted(events, key=lambda e: e[2]):
+            kind, replica, wall, local = event[0], event[1], event[2], event[3]
+            if kind == "begin":
+                method, path, query, body, client = event[4:9]
+                entry = journal.begin(method, path, query, body, client, replica, at=wall - offset)
+                with self._signal_cond:
+                    self._fast_ids[(replica, local)] = entry.id
+                in_flight.enter()
+                continue
+            with self._signal_cond:
+                entry_id = self._fast_ids.get((replica, local))
+            if entry_id is None:
+                continue  # begun before the last reset
+            if kind == "finish":
+                status, response, outcome, leave, divergences = event[4:9]
+                journal.finish_id(entry_id, status, response, outcome, wall - offset, divergences)
+                if not leave:
+                    continue
+            in_flight.leave()
+            with self._signal_cond:
+                self._fast_ids.pop((replica, local), None)
+
+    def _close_fast_path(self) -> None:
+        with self._signal_cond:
+            was_fast, self._fast = self._fast, False
+        if was_fast:
+            self._signal_replicas()  # each one stops admitting by itself before it answers
+        self._drain()
+
+    def _open_fast_path_if_allowed(self) -> None:
+        allowed = self._fast_allowed()
+        with self._signal_cond:
+            changed = allowed != self._fast
+            self._fast = allowed
+        if changed and allowed:
+            self._signal_replicas()
 
     def call_counts(self) -> dict[str, int]:
         """The request path's calls so far, by method (``admit``, ``finish``, ``leave``)."""
@@ -256,6 +427,16 @@ class ControlActor:
             if record is None or not record.alive:
                 return
             record.alive = False
+            with self._signal_cond:  # no drain waits for it any more; its open fast entries are lost
+                self._acked.pop(key, None)
+                self._sent.pop(key, None)
+                self._applied.pop(key, None)
+                fast_lost = [(k, v) for k, v in self._fast_ids.items() if k[0] == key]
+                for fast_key, _ in fast_lost:
+                    del self._fast_ids[fast_key]
+            for _, entry_id in fast_lost:
+                record.open_entries.add(entry_id)
+                record.held += 1  # (given back below, as a slow entry's permit is)
             held, lost = record.held, sorted(record.open_entries)
             record.held = 0
             record.open_entries.clear()
@@ -346,20 +527,120 @@ def start_control_actor(
     }
     if detached:
         options["lifetime"] = "detached"
-    actor_class = ray.remote(concurrency_groups={"admission": ADMISSION_THREADS})(ControlActor)
+    groups = {"admission": ADMISSION_THREADS, "signals": SIGNAL_THREADS, "told": TOLD_THREADS}
+    actor_class = ray.remote(concurrency_groups=groups)(ControlActor)
     handle = actor_class.options(**options).remote(journal_limit, capacity, faults)
     ray.get(handle.ping.remote())
     return handle
 
 
+class FastPath:
+    """A replica's side of the fast path: while the control actor says no rule and no cap is in
+    force, the replica admits by itself (an entry gets a local id, below 0) and keeps what
+    happened (``begin``, ``finish``, ``leave``, with the wall-clock time) to tell the actor in
+    numbered batches, one way: every ``TELL_EVERY_S`` while it has some, at once past
+    ``TELL_AT_EVENTS``. A thread long-polls the actor's signal: at each one (a read that drains,
+    or the fast path opening or closing) it takes the actor's word on the fast path, then tells
+    all it has and acknowledges, in one call. So a read sees every request answered before it, in
+    the order they arrived (the actor sorts by time when it drains), and once a rule or a cap is
+    added no replica admits by itself (the actor waits for every acknowledgement first)."""
+
+    def __init__(self, actor: Any, replica: str) -> None:
+        self.actor = actor
+        self.replica = replica
+        self.lock = threading.Lock()
+        self.fast = False
+        self._events: list[tuple[Any, ...]] = []
+        self._local_ids = itertools.count(1)
+        self._batches = itertools.count(1)
+        self._seen = -1  # (the first poll answers at once: whether the fast path is open now)
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        for target, name in ((self._poll, "fleet-fast-poll"), (self._tell_often, "fleet-fast-tell")):
+            threading.Thread(target=target, name=name, daemon=True).start()
+
+    def admit(self, request: IncomingRequest) -> Admission | None:
+        """The request admitted here (a local id), or ``None``: the actor decides."""
+        with self.lock:
+            if not self.fast:
+                return None
+            local = -next(self._local_ids)
+            body = request.body[: BODY_LIMIT + 1]  # (the journal keeps no more, and sees it was cut)
+            self._events.append(
+                ("begin", self.replica, time.time(), local, request.method, request.path, request.query, body,
+                 request.client)
+            )  # fmt: skip
+            full = len(self._events) >= TELL_AT_EVENTS
+        if full:
+            self._wake.set()
+        return Admission(local, True)
+
+    def finish(
+        self, local: int, status: int | None, response: bytes | None, outcome: str, leave: bool,
+        divergences: tuple[str, ...],
+    ) -> None:  # fmt: skip
+        kept = None if response is None else response[: BODY_LIMIT + 1]
+        with self.lock:
+            self._events.append(
+                ("finish", self.replica, time.time(), local, status, kept, outcome, leave, tuple(divergences))
+            )
+
+    def leave(self, local: int) -> None:
+        with self.lock:
+            self._events.append(("leave", self.replica, time.time(), local))
+
+    def _tell_often(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(TELL_EVERY_S)
+            self._wake.clear()
+            with self.lock:
+                if not self._events:
+                    continue
+                batch, events = next(self._batches), self._events
+                self._events = []
+                # (Sent under the lock: batch numbers reach the actor in the order they were
+                # given, and an acknowledgement never overtakes the batch before it.)
+                self.actor.told.remote(self.replica, batch, events, None)
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            try:
+                signal, fast = ray.get(
+                    self.actor.await_signal.remote(self.replica, self._seen, POLL_TIMEOUT_S)
+                )
+            except Exception:  # the actor is gone (the fleet stops), or busy restarting
+                if self._stop.wait(1.0):
+                    return
+                continue
+            if signal <= self._seen:
+                continue
+            with self.lock:
+                self.fast = fast
+                batch, events = next(self._batches), self._events
+                self._events = []
+                ref = self.actor.told.remote(self.replica, batch, events, signal)
+            try:
+                ray.get(ref)
+            except Exception:
+                continue
+            self._seen = signal
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+
 class RayControlState:
     """The :class:`~mocksandbox.control.state.ControlState` of one replica (or of the driver, with
-    ``replica`` ``None``): every call goes to the fleet's control actor."""
+    ``replica`` ``None``): calls go to the fleet's control actor, but for a replica's admissions
+    and answers while no rule or cap is in force (:class:`FastPath`)."""
 
     def __init__(self, actor: Any, replica: str | None = None) -> None:
         self.actor = actor
         #: The replica whose admissions these are (their permits are its leases).
         self.replica = replica or "driver"
+        #: A replica's fast path (the driver's calls, reads and rules, always go to the actor).
+        self.fast_path = FastPath(actor, replica) if replica is not None else None
 
     @classmethod
     def attach(cls, name: str, namespace: str, replica: str | None = None) -> RayControlState:
@@ -384,6 +665,10 @@ class RayControlState:
             raise ControlStateUnavailable(f"the fleet's control state is gone: {exc}") from None
 
     def admit(self, request: IncomingRequest) -> Admission:
+        if self.fast_path is not None:
+            fast = self.fast_path.admit(request)
+            if fast is not None:
+                return fast
         admission: Admission = self._call("admit", request, self.replica)
         return admission
 
@@ -401,9 +686,15 @@ class RayControlState:
         leave: bool = True,
         divergences: tuple[str, ...] = (),
     ) -> None:
+        if entry_id < 0 and self.fast_path is not None:
+            self.fast_path.finish(entry_id, status, response, outcome, leave, divergences)
+            return
         self._call("finish", entry_id, status, response, outcome, leave, self.replica, tuple(divergences))
 
     def leave(self, entry_id: int | None = None) -> None:
+        if entry_id is not None and entry_id < 0 and self.fast_path is not None:
+            self.fast_path.leave(entry_id)
+            return
         self._call("leave", self.replica)
 
     def add_faults(self, specs: list[FaultSpec]) -> list[FaultRule]:
@@ -444,8 +735,9 @@ class RayControlState:
         self._call("reset", faults, capacity)
 
     def close(self) -> None:
-        """Nothing to release here: the actor belongs to the fleet, not to this client."""
-        return None
+        """Stop the fast path's threads (the actor belongs to the fleet, not to this client)."""
+        if self.fast_path is not None:
+            self.fast_path.close()
 
     def live_view(self, after: int, pending: list[int], since: float, limit: int = 200) -> dict[str, Any]:
         return dict(self._call("live_view", after, list(pending), since, limit))
@@ -455,7 +747,7 @@ class RayControlState:
         return found
 
     def next_replay(self, entry_id: int | None, key: str, labels: list[str]) -> int:
-        return int(self._call("next_replay", entry_id, key, list(labels)))
+        return int(self._call("next_replay", entry_id, key, list(labels), self.replica))
 
     # -- the fleet's own calls (not part of the protocol) -------------------------------------------
 

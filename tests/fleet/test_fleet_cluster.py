@@ -197,6 +197,31 @@ def test_one_journal_in_arrival_order_and_one_reset_for_all(fleet: MockSandboxHa
     assert fleet.stats()["requests_total"] == 0 and fleet.requests() == []
 
 
+def test_without_rules_or_cap_the_control_actor_is_off_the_request_path(fleet: MockSandboxHandle) -> None:
+    """The fast path: no actor call per request; replicas tell their requests in batches, and a
+    read drains them first, so the journal is complete, in arrival order across replicas (ids
+    follow the times the requests arrived), with every answer; a rule closes the path at once."""
+    control = fleet.sandbox.control  # type: ignore[union-attr]
+    before = sum(control.call_counts().values())
+    replies = run_all(
+        fleet.url, [f"import time\ntime.sleep(0.05 * ({i} % 3))\nprint({i})" for i in range(24)]
+    )
+    assert [r.status_code for r in replies] == [200] * 24
+    assert sum(control.call_counts().values()) == before, "the actor was called on the request path"
+    entries = fleet.requests(path="/run_code")
+    assert len(entries) == 24 and len({e.worker for e in entries}) >= 2
+    assert [e.started for e in entries] == sorted(e.started for e in entries)  # ids in arrival order
+    assert all(e.status == 200 and e.ended is not None and e.ended >= e.started for e in entries)
+    stats = fleet.stats()
+    assert (stats["requests_total"], stats["by_status"], stats["in_flight"]) == (24, {"200": 24}, 0)
+    assert 1 <= stats["max_in_flight"] <= 24
+    # A rule: the next requests go through the actor (exactly), and the journal goes on in order.
+    fleet.fail(503, first=1)
+    assert [r.status_code for r in run_all(fleet.url, ["print(1)"] * 3)].count(503) == 1
+    assert sum(control.call_counts().values()) > before
+    assert [e.id for e in fleet.requests()] == sorted(e.id for e in fleet.requests())
+
+
 # -- swedev sessions --------------------------------------------------------------------------------------
 
 
@@ -341,7 +366,9 @@ def test_a_killed_replica_fails_its_requests_only_and_gives_back_its_permits(
             assert entry.outcome == "lost"
             print("killed replica's request:", reply.status_code, reply.text[:300])
         else:
-            assert reply.status_code == 200 and reply.json()["run_result"]["stdout"] == code[-2] + "\n", reply.text
+            assert reply.status_code == 200 and reply.json()["run_result"]["stdout"] == code[-2] + "\n", (
+                reply.text
+            )
     assert fleet.stats()["in_flight"] == 0
     events = [str(e.body) for e in fleet.requests() if e.method == "EVENT" and victim in str(e.body)]
     assert events and "died" in events[-1] and "cap permit(s) given back" in events[-1], events

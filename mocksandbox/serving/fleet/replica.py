@@ -338,6 +338,7 @@ class FleetReplica:
             self.control.deregister()
         except Exception:
             pass  # the fleet is being torn down with its control actor
+        self.control.close()
         self.sandbox.close()
         if not self._keep_state:
             shutil.rmtree(self.state_dir, ignore_errors=True)
