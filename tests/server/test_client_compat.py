@@ -32,8 +32,8 @@ import pytest
 import requests
 
 from mocksandbox.serving.single import ServerThread, running_server
-from mocksandbox.settings import Settings
 from mocksandbox.serving.workers import PoolControl, WorkerPool
+from mocksandbox.settings import Settings
 
 sandbox_fusion = pytest.importorskip("sandbox_fusion", reason="the sandbox-fusion client is not installed")
 from sandbox_fusion import (  # noqa: E402
