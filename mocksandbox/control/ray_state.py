@@ -140,6 +140,7 @@ class ControlActor:
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch_forever, name="fleet-watch", daemon=True)
         self._watcher.start()
+        threading.Thread(target=self._apply_forever, name="fleet-apply", daemon=True).start()
 
     # -- the request path, tagged with the replica ------------------------------------------------
 
@@ -337,6 +338,20 @@ class ControlActor:
                 events, self._pending_events = self._pending_events, []
             if events:
                 self._apply(events)
+
+    def _apply_forever(self) -> None:
+        """Put in the journal, every second, what the replicas told long enough ago that nothing
+        older can still come (each tells at least every ``TELL_EVERY_S`` while it has something):
+        with nobody reading, told requests must not pile up here."""
+        while not self._stop.wait(1.0):
+            settled = time.time() - 2 * TELL_EVERY_S - 1.0
+            with self._drain_lock:
+                with self._signal_cond:
+                    old = [e for e in self._pending_events if e[2] < settled]
+                    if not old:
+                        continue
+                    self._pending_events = [e for e in self._pending_events if e[2] >= settled]
+                self._apply(old)
 
     def _apply(self, events: list[tuple[Any, ...]]) -> None:
         offset = time.time() - time.monotonic()  # the replicas' wall clocks -> this clock

@@ -7,6 +7,7 @@ Ray's part (noticing that a replica's actor died) is exercised on a real cluster
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -119,3 +120,25 @@ def test_fault_schedules_are_counted_once_for_every_replica(actor: ControlActor)
         actor.finish(admission.entry_id, 200, b"{}", "answered", True, "ab"[i % 2])
     assert fired == 3
     assert actor.stats()["faults_fired"] == {rule.id: 3}
+
+
+def test_told_requests_reach_the_journal_in_time_order_with_or_without_a_read(actor: ControlActor) -> None:
+    """What replicas tell on the fast path: a read drains it all, in the order it happened; with
+    nobody reading, what is old enough that nothing older can come goes in by itself."""
+    now = time.time()
+
+    def request(replica: str, local: int, at: float) -> list[tuple[object, ...]]:
+        begin = ("begin", replica, at, local, "POST", "/run_code", "", b"{}", "client")
+        return [begin, ("finish", replica, at + 0.01, local, 200, b"{}", "answered", True, ())]
+
+    actor.told("r1", 1, request("r1", -1, now - 30) + request("r1", -2, now), None)
+    actor.told("r2", 2, request("r2", -1, now - 20), None)  # (its batch 1 has not arrived yet)
+    actor.told("r2", 1, request("r2", -3, now - 25), None)
+    deadline = time.monotonic() + 10
+    while len(actor.state.entries()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the applier's rounds: the three old requests, not the new one
+    assert [(e.worker, e.status) for e in actor.state.entries()] == [("r1", 200), ("r2", 200), ("r2", 200)]
+    assert [e.started for e in actor.state.entries()] == sorted(e.started for e in actor.state.entries())
+    entries = actor.entries()  # a read drains the rest
+    assert len(entries) == 4 and [e.id for e in entries] == [1, 2, 3, 4]
+    assert actor.stats()["in_flight"] == 0 and actor.stats()["requests_total"] == 4
