@@ -211,6 +211,92 @@ def measure_nodes(counts: list[int], requests: int, concurrency: int) -> list[di
     return rows
 
 
+def bridge_cost(requests: int = 3000) -> dict[str, float]:
+    """CPU per request (µs) of the mock's app called as WSGI, and through a2wsgi's ASGI bridge (what a
+    Serve replica does), for ``GET /v1/ping``, in this process: the bridge's share of a replica."""
+    import asyncio
+    import io
+
+    from a2wsgi import WSGIMiddleware
+
+    from mocksandbox.core import MockSandbox
+    from mocksandbox.settings import load_settings
+    from mocksandbox.web import create_app
+
+    box = MockSandbox.create(load_settings(overrides={"port": 0}))
+    app = create_app(box)
+
+    def direct() -> None:
+        environ = {
+            "REQUEST_METHOD": "GET",
+            "PATH_INFO": "/v1/ping",
+            "QUERY_STRING": "",
+            "SERVER_NAME": "127.0.0.1",
+            "SERVER_PORT": "80",
+            "HTTP_HOST": "127.0.0.1",
+            "wsgi.input": io.BytesIO(b""),
+            "wsgi.url_scheme": "http",
+            "SERVER_PROTOCOL": "HTTP/1.1",
+            "REMOTE_ADDR": "127.0.0.1",
+            "REMOTE_PORT": "1",
+            "wsgi.errors": sys.stderr,
+            "wsgi.multithread": True,
+            "wsgi.multiprocess": False,
+            "wsgi.run_once": False,
+            "wsgi.version": (1, 0),
+        }
+        b"".join(app(environ, lambda status, headers, exc_info=None: None))
+
+    bridge = WSGIMiddleware(app, workers=8)  # type: ignore[arg-type]
+
+    async def bridged() -> None:
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "GET",
+            "scheme": "http",
+            "path": "/v1/ping",
+            "raw_path": b"/v1/ping",
+            "query_string": b"",
+            "root_path": "",
+            "headers": [(b"host", b"127.0.0.1")],
+            "client": ("127.0.0.1", 1),
+            "server": ("127.0.0.1", 80),
+        }
+        sent = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": b"", "more_body": False}
+            await asyncio.sleep(3600)
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            return None
+
+        await bridge(scope, receive, send)  # type: ignore[arg-type]
+
+    async def many(count: int) -> float:
+        started = time.process_time()
+        for _ in range(count):
+            await bridged()
+        return time.process_time() - started
+
+    try:
+        started = time.process_time()
+        for _ in range(requests):
+            direct()
+        alone = (time.process_time() - started) / requests * 1e6
+        asyncio.run(many(200))  # warm
+        through = asyncio.run(many(requests)) / requests * 1e6
+    finally:
+        box.close()
+    return {"app_us": alone, "through_bridge_us": through, "bridge_us": through - alone}
+
+
 def projection(cpu_ms: dict[str, float], nodes: int = 100, cores: int = 64) -> dict[str, float]:
     """What ``nodes`` nodes of ``cores`` cores would serve, from the measured CPU per request: the
     parts that scale out with nodes (proxies, replicas, programs) against the one control actor."""
@@ -317,6 +403,12 @@ def main() -> int:
                 f"{fleet_row['concurrency']}: {share:.2f} of its throughput"
             )
     print(f"fleet p50 / single p50 at concurrency 1: {fleet1['p50_ms'] / single1['p50_ms']:.2f}x")
+    bridge = bridge_cost()
+    results["bridge"] = bridge
+    print(
+        f"a replica's ASGI bridge (a2wsgi), GET /v1/ping in this process: the app alone "
+        f"{bridge['app_us']:.0f} µs of CPU, through the bridge {bridge['through_bridge_us']:.0f} µs"
+    )
     projected = projection(results["cpu_ms_per_request"])
     results["projection"] = projected
     print(
