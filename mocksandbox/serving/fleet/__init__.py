@@ -224,6 +224,7 @@ def deploy(
     token = secrets.token_hex(16)
     owns_ray = _connect(address, namespace)
     control = None
+    temporary_state: str | None = None  # made here: removed again if the deploy fails
     try:
         owns_serve = not _serve_running()
         host = host or settings.host
@@ -241,6 +242,7 @@ def deploy(
         state_root = settings.state_dir or os.path.join(
             settings.tmp_root or tempfile.gettempdir(), f"mocksandbox-fleet-{name}-{token[:8]}"
         )
+        temporary_state = None if keep_state else state_root
         control_name = f"{name}-control"
         try:
             ray.get_actor(control_name, namespace=namespace)
@@ -307,6 +309,8 @@ def deploy(
             except Exception:
                 pass
             ray.kill(control.actor)
+        if temporary_state is not None:
+            shutil.rmtree(temporary_state, ignore_errors=True)
         if owns_ray:
             ray.shutdown()
         raise
