@@ -111,6 +111,7 @@ GROUPS = {
     "control actor": "ray::ControlActor",
     "replicas": "ray::ServeReplica",
     "proxies": "ray::ProxyActor",
+    "node servers": "ray::NodeServer",
 }
 
 
@@ -136,7 +137,7 @@ def fleet_cpu() -> dict[str, float]:
         try:
             times = process.cpu_times()
             totals[group] += times.user + times.system
-            if group == "replicas":
+            if group in ("replicas", "node servers"):
                 totals["programs"] += times.children_user + times.children_system
                 for child in process.children(recursive=True):
                     child_times = child.cpu_times()
@@ -160,7 +161,9 @@ def control_round_trip(fleet: Any, samples: int = 300) -> float:
     return statistics.median(timings)
 
 
-def measure_nodes(counts: list[int], requests: int, concurrency: int) -> list[dict[str, Any]]:
+def measure_nodes(
+    counts: list[int], requests: int, concurrency: int, ingress: str = "serve"
+) -> list[dict[str, Any]]:
     """The fleet on a simulated cluster (``ray.cluster_utils.Cluster``, loopback) of each node
     count, one replica per node: throughput, and what the one control actor spends per request
     (CPU, calls). On one machine the nodes share its cores: throughput cannot grow with them, but
@@ -187,6 +190,7 @@ def measure_nodes(counts: list[int], requests: int, concurrency: int) -> list[di
                 replicas=count,
                 max_replicas_per_node=1,
                 name=f"bench{count}",
+                ingress=ingress,  # type: ignore[arg-type]
             )
             try:
                 load(fleet.url, 4, 40)  # warm
@@ -322,6 +326,13 @@ def main() -> int:
         help="also measure `serve --workers N` (2): the fleet's target is a share of its throughput",
     )
     parser.add_argument(
+        "--ingress",
+        choices=["serve", "node"],
+        default="serve",
+        help="the fleet's ingress: Ray Serve's proxies (serve), or each replica's own server on "
+        "its node (node)",
+    )
+    parser.add_argument(
         "--nodes",
         default="",
         help="also a simulated cluster of each node count (e.g. 1,2,4), one replica per node: "
@@ -359,8 +370,12 @@ def main() -> int:
     from mocksandbox.settings import load_settings
 
     fleet = deploy(
-        load_settings(overrides={"host": "127.0.0.1", "port": 0}), replicas=args.replicas, name="bench"
+        load_settings(overrides={"host": "127.0.0.1", "port": 0}),
+        replicas=args.replicas,
+        name="bench",
+        ingress=args.ingress,
     )
+    results["ingress"] = args.ingress
     try:
         load(fleet.url, 4, 40)  # warm
         results["fleet"] = [load(fleet.url, 1, args.requests)]
@@ -419,7 +434,7 @@ def main() -> int:
     if args.nodes:
         counts = [int(n) for n in args.nodes.split(",")]
         levels_c = levels[0] if levels else 16
-        results["nodes"] = measure_nodes(counts, args.requests, levels_c)
+        results["nodes"] = measure_nodes(counts, args.requests, levels_c, args.ingress)
         print(f"\nsimulated cluster, one replica per node, concurrency {levels_c}:")
         print(f"{'nodes':>6}{'req/s':>10}{'p50 ms':>10}{'actor CPU ms/req':>18}{'actor calls/req':>17}")
         for row in results["nodes"]:

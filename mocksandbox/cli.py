@@ -101,7 +101,7 @@ def _serve(args: argparse.Namespace) -> int:
         from mocksandbox.serving.fleet import serve_fleet
 
         address = None if args.ray == LOCAL_RAY else args.ray
-        return serve_fleet(settings, address, args.replicas, args.proxy_location)
+        return serve_fleet(settings, address, args.replicas, args.proxy_location, args.ingress)
     if args.replicas is not None or args.proxy_location is not None:
         print("mocksandbox: --replicas and --proxy-location go with --ray", file=sys.stderr)
         return 2
@@ -237,9 +237,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fleet.add_argument("--replicas", type=int, metavar="N", help="replicas of the fleet (default 2)")
     fleet.add_argument(
+        "--ingress",
+        choices=["node", "serve"],
+        default="node",
+        help="node: each replica serves HTTP itself on its node (default); serve: behind Ray Serve's proxies",
+    )
+    fleet.add_argument(
         "--proxy-location",
         choices=["EveryNode", "HeadOnly"],
-        help="an HTTP proxy on every node with a replica (default) or on the head node only",
+        help="with --ingress serve: an HTTP proxy on every node with a replica (default) or on the head "
+        "node only",
     )
     swedev = serve.add_argument_group("swedev sessions")
     swedev.add_argument(

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 from mocksandbox.control.shared import ControlStateUnavailable, _error_from_wire, _error_to_wire
 from mocksandbox.control.state import (
@@ -94,6 +94,9 @@ class ReplicaRecord:
     held: int = 0
     #: Journal entries it admitted and has not finished.
     open_entries: set[int] = field(default_factory=set)
+    #: Its Ray actor's id: a restarted actor (the fleet's node servers are) registers again under a
+    #: new key, which is how its previous life's death is known for sure.
+    actor_id: str = ""
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -298,6 +301,10 @@ class ControlActor:
     def told(self, replica: str, batch: int, events: list[tuple[Any, ...]], ack: int | None) -> None:
         """A replica's events (``begin``, ``finish``, ``leave`` of its fast entries), batch number
         ``batch`` (they are applied in order); with ``ack``, it has sent all it had by that signal."""
+        with self._lock:
+            record = self._replicas.get(replica)
+            if record is not None and not record.alive:
+                return  # declared dead: what it was serving is closed as lost already
         with self._signal_cond:
             self._early[(replica, batch)] = events
             applied = self._applied.get(replica, 0)
@@ -403,14 +410,24 @@ class ControlActor:
 
     # -- replicas and their leases --------------------------------------------------------------
 
-    def register(self, key: str, handle: Any, node_id: str, url: str) -> int:
+    def register(self, key: str, handle: Any, node_id: str, url: str, actor_id: str = "") -> int:
         """A replica arrives; its slot: a dead replica's on the same node if there is one (its
-        state dir, and the sessions in it, are there), else a new one."""
+        state dir, and the sessions in it, are there), else a new one. A replica registering from
+        an actor that an alive record already names is that actor restarted by Ray: its previous
+        life died (a look at the handle cannot tell, as the restarted actor answers it)."""
+        with self._lock:
+            previous = [
+                r.key for r in self._replicas.values() if actor_id and r.alive and r.actor_id == actor_id
+            ]
+        for old in previous:
+            self._declare_dead(old, "died (Ray restarted its actor)")
         # Serve starts a successor once it knows its predecessor is dead, which may be before the
         # watcher's next look: ask Ray about this node's replicas now.
         with self._lock:
             neighbours = [
-                (r.key, r.handle) for r in self._replicas.values() if r.alive and r.node_id == node_id
+                (r.key, r.handle)
+                for r in self._replicas.values()
+                if r.alive and r.node_id == node_id and not (actor_id and r.actor_id == actor_id)
             ]
         self._look(neighbours)
         with self._lock:
@@ -424,7 +441,7 @@ class ControlActor:
             slot = reusable[0] if reusable else next(i for i in range(1, len(used) + 2) if i not in used)
             for old in [k for k, r in self._replicas.items() if r.slot == slot]:
                 del self._replicas[old]  # its successor is here: forget the dead one
-            self._replicas[key] = ReplicaRecord(key, handle, node_id, url, slot)
+            self._replicas[key] = ReplicaRecord(key, handle, node_id, url, slot, actor_id=actor_id)
         self.state.journal.note_event(f"replica {key} joined on node {node_id[:12]} (slot {slot})", key)
         return slot
 
@@ -482,6 +499,8 @@ class ControlActor:
         for key, handle in replicas:
             try:
                 refs[key] = handle.__ray_ready__.remote()
+            except ActorUnavailableError:
+                continue  # unreachable for now (restarting, an RPC failed): not a death
             except RayActorError:
                 self._declare_dead(key, "died")
             except Exception:
@@ -496,6 +515,8 @@ class ControlActor:
                 continue  # busy, not dead
             try:
                 ray.get(ref, timeout=0)
+            except ActorUnavailableError:
+                continue  # unreachable for now (restarting, an RPC failed): not a death
             except RayActorError:
                 self._declare_dead(key, "died")
             except Exception:
@@ -769,8 +790,8 @@ class RayControlState:
 
     # -- the fleet's own calls (not part of the protocol) -------------------------------------------
 
-    def register(self, handle: Any, node_id: str, url: str) -> int:
-        return int(self._call("register", self.replica, handle, node_id, url))
+    def register(self, handle: Any, node_id: str, url: str, actor_id: str = "") -> int:
+        return int(self._call("register", self.replica, handle, node_id, url, actor_id))
 
     def deregister(self) -> None:
         self._call("deregister", self.replica)

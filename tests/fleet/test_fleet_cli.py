@@ -61,7 +61,7 @@ def test_serve_ray_starts_a_local_fleet_and_ctrl_c_takes_it_all_down() -> None:
         line = proc.stdout.readline()
         while line and "serving on" not in line:
             line = proc.stdout.readline()
-        match = re.search(r"serving on (http://\S+) with 2 Ray Serve replicas", line)
+        match = re.search(r"serving on (http://\S+) with 2 replicas", line)
         assert match, line + (proc.stderr.read() if proc.stderr else "")
         url = match.group(1)
         with requests.Session() as session:

@@ -86,6 +86,7 @@ class Fleet(ControlHandle):
         owns_ray: bool,
         owns_serve: bool,
         temporary_state: str | None = None,
+        node_servers: list[Any] | None = None,
     ) -> None:
         #: Base URL of the proxy on this node (``http://127.0.0.1:8000``).
         self.url = url
@@ -105,6 +106,8 @@ class Fleet(ControlHandle):
             settings.max_in_flight, settings.overload, settings.queue_timeout_s, settings.retry_after_s
         )
         self.stopped = False
+        #: With ``ingress="node"``: the replicas' Ray actors (no Serve application then).
+        self.node_servers = node_servers
 
     def __enter__(self) -> Fleet:
         return self
@@ -124,7 +127,10 @@ class Fleet(ControlHandle):
         if not ray.is_initialized():
             return  # the cluster went first: nothing is left to stop
         try:
-            serve.delete(self.name)  # replicas stop gracefully: their slots' dirs go
+            if self.node_servers is not None:
+                _stop_node_servers(self.node_servers)
+            else:
+                serve.delete(self.name)  # replicas stop gracefully: their slots' dirs go
         finally:
             if self._temporary_state is not None:
                 shutil.rmtree(self._temporary_state, ignore_errors=True)
@@ -161,6 +167,21 @@ class Fleet(ControlHandle):
     # -- the same names and meanings as MockSandbox's ------------------------------------------------
 
 
+def _stop_node_servers(members: list[Any]) -> None:
+    """Each member stops answering and releases its slot, then its actor goes (not restarted)."""
+    import ray
+
+    stops = [member.stop.remote() for member in members]
+    try:
+        ray.wait(stops, num_returns=len(stops), timeout=30)
+    finally:
+        for member in members:
+            try:
+                ray.kill(member, no_restart=True)
+            except Exception:
+                pass  # already gone
+
+
 def _connect(address: str | None, namespace: str) -> bool:
     """Connect this process to Ray (the cluster at ``address``, ``auto``, or a new local one on
     127.0.0.1); whether it started Ray itself."""
@@ -191,6 +212,7 @@ def deploy(
     namespace: str = "mocksandbox",
     max_ongoing_requests: int = 256,
     max_replicas_per_node: int | None = None,
+    ingress: Literal["serve", "node"] = "node",
 ) -> Fleet:
     """Deploy the mock as a Ray Serve application of ``replicas`` replicas; the running
     :class:`Fleet` (``fleet.url``; ``fleet.stop()``, or use it as a context manager).
@@ -201,12 +223,22 @@ def deploy(
     proxy listens. ``max_replicas_per_node=1`` spreads the replicas over distinct nodes.
     Settings are read here and sent to the replicas: fault files are read here too; instance
     and dataset dirs must exist on every node.
+
+    ``ingress="node"`` (the default): each replica is a Ray actor pinned to a node that serves
+    HTTP itself on ``host:port`` (:class:`~mocksandbox.serving.fleet.replica.NodeServer`), so a
+    request is served on the node it enters, on the path of ``mocksandbox serve``: no proxy hop,
+    no ASGI bridge. Ray places the replicas (round robin over the alive nodes,
+    ``max_replicas_per_node`` at most on each) and restarts a dead one on its node.
+    ``ingress="serve"``: a Ray Serve application behind Serve's proxies (``proxy_location``),
+    about 10 ms of CPU more per request (``benchmarks/bench_fleet.py --ingress serve``).
     """
     require_fleet_extra()
     if replicas < 1:
         raise ValueError("replicas must be at least 1")
     if proxy_location not in ("EveryNode", "HeadOnly"):
         raise ValueError("proxy_location must be 'EveryNode' or 'HeadOnly'")
+    if ingress not in ("serve", "node"):
+        raise ValueError("ingress must be 'serve' or 'node'")
     if address is None and "ray" not in sys.modules:
         # Ray reads this once, at its first import: "0" keeps a local instance's addresses on
         # loopback (otherwise it registers the machine's own address even with 127.0.0.1 asked).
@@ -226,10 +258,12 @@ def deploy(
     control = None
     temporary_state: str | None = None  # made here: removed again if the deploy fails
     try:
-        owns_serve = not _serve_running()
+        owns_serve = ingress == "serve" and not _serve_running()
         host = host or settings.host
         port = settings.port if port is None else port
-        if port == 0:  # Serve's proxies need a port known in advance; a running Serve has one
+        if port == 0 and ingress == "node":
+            port = _free_port(host)  # every node's members bind the same one
+        elif port == 0:  # Serve's proxies need a port known in advance; a running Serve has one
             port = _serve_http_address()[1] if not owns_serve else _free_port(host)
         settings = settings.replace(
             faults=[spec.model_dump(mode="json") for spec in baseline],
@@ -257,6 +291,37 @@ def deploy(
             control_name, namespace, settings.journal_limit, capacity_from_settings(settings), baseline
         )
         control = RayControlState(actor)
+        if ingress == "node":
+            shown = f"[{host}]" if ":" in host else host
+            members = _start_node_servers(
+                settings,
+                control_name,
+                namespace,
+                token,
+                state_root,
+                keep_state,
+                max_ongoing_requests,
+                "127.0.0.1" if owns_ray else None,
+                host,
+                port,
+                replicas,
+                max_replicas_per_node,
+            )
+            fleet = Fleet(
+                f"http://{shown}:{port}",
+                name,
+                namespace,
+                settings,
+                control,
+                replicas,
+                owns_ray,
+                False,
+                None if keep_state else state_root,
+                node_servers=members,
+            )
+            fleet.wait_replicas()
+            control.reset(baseline, capacity_from_settings(settings))
+            return fleet
         serve.start(proxy_location=proxy_location, http_options={"host": host, "port": port})
         bound = _serve_http_address()
         if bound != (host, port):
@@ -316,6 +381,63 @@ def deploy(
         raise
 
 
+def _start_node_servers(
+    settings: Settings,
+    control_name: str,
+    namespace: str,
+    token: str,
+    state_root: str,
+    keep_state: bool,
+    threads: int,
+    peer_host: str | None,
+    host: str,
+    port: int,
+    replicas: int,
+    max_per_node: int | None,
+) -> list[Any]:
+    """``replicas`` node servers, round robin over the alive nodes; each ready (serving) when this
+    returns."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from mocksandbox.serving.fleet.replica import NodeServer
+
+    nodes = sorted(node["NodeID"] for node in ray.nodes() if node.get("Alive"))
+    if max_per_node is not None and replicas > max_per_node * len(nodes):
+        raise FleetError(
+            f"{replicas} replicas at most {max_per_node} per node need more than {len(nodes)} nodes"
+        )
+    actor_class = ray.remote(NodeServer)
+    members = []
+    for index in range(replicas):
+        node_id = nodes[index % len(nodes)]
+        members.append(
+            actor_class.options(
+                num_cpus=0,
+                max_restarts=-1,  # Ray restarts a dead one on its node; it takes the dead one's slot
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            ).remote(
+                settings.model_dump_json(),
+                control_name,
+                namespace,
+                token,
+                state_root,
+                keep_state,
+                threads,
+                peer_host,
+                host,
+                port,
+            )
+        )
+    try:
+        ray.get([member.ready.remote() for member in members], timeout=READY_TIMEOUT_S)
+    except BaseException:
+        for member in members:
+            ray.kill(member, no_restart=True)
+        raise
+    return members
+
+
 def _serve_running() -> bool:
     from ray import serve
 
@@ -371,6 +493,7 @@ def serve_fleet(
     address: str | None,
     replicas: int | None,
     proxy_location: Literal["EveryNode", "HeadOnly"] | None,
+    ingress: Literal["serve", "node"] = "node",
 ) -> int:
     """``serve --ray [ADDRESS]``: the mock as a Ray Serve fleet in the foreground (``address``
     ``None``: a new local Ray instance), until Ctrl-C or SIGTERM; the exit status."""
@@ -384,7 +507,11 @@ def serve_fleet(
         return 2
     try:
         fleet = deploy(
-            settings, address=address, replicas=replicas or 2, proxy_location=proxy_location or "EveryNode"
+            settings,
+            address=address,
+            replicas=replicas or 2,
+            proxy_location=proxy_location or "EveryNode",
+            ingress=ingress,
         )
     except (FleetError, FaultError, ValueError, ConnectionError) as exc:
         print(f"mocksandbox: {exc}", file=sys.stderr)
@@ -393,13 +520,17 @@ def serve_fleet(
     try:
         alive = fleet.replicas()
         nodes = sorted({r["node_id"] for r in alive})
+        kind = "Ray Serve replicas" if ingress == "serve" else "replicas"
         print(
-            f"mocksandbox {__version__} serving on {fleet.url} with {len(alive)} Ray Serve replicas on "
+            f"mocksandbox {__version__} serving on {fleet.url} with {len(alive)} {kind} on "
             f"{len(nodes)} node(s)",
             flush=True,
         )
-        where = "every node with a replica" if proxy_location != "HeadOnly" else "the head node"
-        print(f"  proxies: on {where}, each at {fleet.url}", flush=True)
+        if ingress == "serve":
+            where = "every node with a replica" if proxy_location != "HeadOnly" else "the head node"
+            print(f"  ingress: Ray Serve's proxies on {where}, each at {fleet.url}", flush=True)
+        else:
+            print(f"  ingress: each replica's own server on its node, at {fleet.url}", flush=True)
         print("  control state: one Ray actor (journal, cap, faults, leases, sessions)", flush=True)
         print("  press Ctrl-C to stop", flush=True)
         known = {r["key"] for r in alive}

@@ -197,6 +197,7 @@ class FleetReplica:
         keep_state: bool,
         threads: int,
         peer_host: str | None = None,
+        key: str | None = None,
     ) -> None:
         from mocksandbox.serving.single import MockServer
 
@@ -204,7 +205,7 @@ class FleetReplica:
         self.token = token
         self.threads = threads
         self.node_id: str = context.get_node_id()
-        self.key = f"replica-{serve.get_replica_context().replica_id.unique_id}"
+        self.key = key or f"replica-{serve.get_replica_context().replica_id.unique_id}"
         self.control = RayControlState.attach(control_name, namespace, replica=self.key)
         self._keep_state = keep_state
         self._session = requests.Session()
@@ -213,7 +214,9 @@ class FleetReplica:
         # The peer port comes first: the control actor records where this replica answers.
         self._peer_target: WSGIApp | None = None
         self.peer_server = MockServer(peer_host or _node_address(self.node_id), 0, self._peer_app)
-        self.slot = self.control.register(context.current_actor, self.node_id, self.peer_server.url)
+        self.slot = self.control.register(
+            context.current_actor, self.node_id, self.peer_server.url, context.get_actor_id() or ""
+        )
         self.state_dir = Path(state_root) / f"slot-{self.slot}"
         settings = Settings.model_validate_json(settings_json).replace(state_dir=str(self.state_dir))
         try:
@@ -236,6 +239,8 @@ class FleetReplica:
         layer = guard.app
         self._peer_target = layer.app
         layer.app = SessionRouter(layer.app, self)
+        #: The app as a server of its own serves it (faults may drop the connection).
+        self.own_app = app
         self.wsgi = _drop_as_502(app)
         threading.Thread(
             target=self.peer_server.serve_forever, name="mocksandbox-fleet-peer", daemon=True
@@ -329,7 +334,8 @@ class FleetReplica:
 
     def __del__(self) -> None:
         """Serve stops the replica (scale-down, ``serve.delete``): release everything it holds."""
-        if self._stopped or not hasattr(self, "sandbox"):
+        # (Also called on Ray's actor class object, which has none of this: hence getattr.)
+        if getattr(self, "_stopped", True) or not hasattr(self, "sandbox"):
             return
         self._stopped = True
         self.peer_server.shutdown()
@@ -342,3 +348,64 @@ class FleetReplica:
         self.sandbox.close()
         if not self._keep_state:
             shutil.rmtree(self.state_dir, ignore_errors=True)
+
+
+class NodeServer(FleetReplica):
+    """A fleet member that serves HTTP itself (``deploy(ingress="node")``): the mock's own server
+    on the fleet's port, in a Ray actor pinned to its node. A request that enters a node is served
+    there, on the request path of ``mocksandbox serve``: no Serve proxy hop, no ASGI bridge (about
+    10 ms of CPU per request together, measured by ``benchmarks/bench_fleet.py``). Members on one
+    node (or on a simulated cluster, one machine) share the port (``SO_REUSEPORT``; the kernel
+    spreads connections over them). Ray places it, and restarts it on its node when it dies."""
+
+    def __init__(
+        self,
+        settings_json: str,
+        control_name: str,
+        namespace: str,
+        token: str,
+        state_root: str,
+        keep_state: bool,
+        threads: int,
+        peer_host: str | None,
+        host: str,
+        port: int,
+    ) -> None:
+        import socket
+
+        from mocksandbox.serving.single import LISTEN_BACKLOG, MockServer
+
+        super().__init__(
+            settings_json,
+            control_name,
+            namespace,
+            token,
+            state_root,
+            keep_state,
+            threads,
+            peer_host,
+            key=f"node-{secrets.token_hex(6)}",
+        )
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            listener.bind((host, port))
+            listener.listen(LISTEN_BACKLOG)
+            self.http = MockServer(
+                host, port, self.own_app, self.sandbox.settings.access_log, listener_fd=listener.fileno()
+            )
+        finally:
+            listener.close()  # the server holds its own duplicate
+        threading.Thread(target=self.http.serve_forever, name="mocksandbox-fleet-http", daemon=True).start()
+
+    def ready(self) -> str:
+        """Where this member answers."""
+        return str(self.http.url)
+
+    def stop(self) -> None:
+        """Stop answering and release everything (before the actor is killed)."""
+        self.http.shutdown()
+        self.http.server_close()
+        self.__del__()
