@@ -131,6 +131,9 @@ def instance_from_row(
         if patch and patch != gold:
             raise InstanceError(f"{where}: gold.patch differs from the row's patch")
         patch = gold
+    if not str(row["test_patch"]).strip():
+        # Scoring applies it and runs the tests it adds: with none, no episode could be scored.
+        raise InstanceError(f"{where}: test_patch is empty (it must be the diff adding the tests)")
     env = row.get("env") or {}
     if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
         raise InstanceError(f"{where}: env must map variable names to strings")

@@ -130,6 +130,7 @@ def test_jsonl_rows_with_plain_and_git_snapshots(tmp_path: Path) -> None:
         ({"instance_id": "x"}, "missing field"),
         (_row("x", FAIL_TO_PASS="not json"), "FAIL_TO_PASS"),
         (_row("x", env={"A": 1}), "env must map"),
+        (_row("x", test_patch=""), "test_patch is empty"),
         (_row("no-snapshot"), "is not a directory"),
     ],
 )
