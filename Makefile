@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # Test-only packages (verl's client files), apart from the serve environment.
 TEST_VENDOR := $(VENV)/test-vendor
 
-.PHONY: serve test test-fast lint typecheck bench clean runtime
+.PHONY: serve test test-fast lint typecheck bench clean runtime docs docs-serve
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,7 @@ $(VENV)/.installed-serve: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev,jupyter,ray,fleet,stress,docker]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,docs,jupyter,ray,fleet,stress,docker]'
 	# verl's SandboxFusion client, for the compatibility tests: only its pure-Python files (its
 	# full dependency set is torch and friends), loaded by path by tests/server/test_client_compat.py.
 	# It goes into a directory of its own, not into the venv, so that pip never checks (and
@@ -39,15 +39,25 @@ serve: $(VENV)/.installed-serve
 	$(BIN)/mocksandbox serve --host $(HOST) --port $(PORT)
 
 lint: $(VENV)/.installed-test
-	$(BIN)/ruff check mocksandbox tests contract_tests benchmarks examples
+	$(BIN)/ruff check mocksandbox tests contract_tests benchmarks examples docs
 	$(BIN)/ruff format --check mocksandbox
 
 typecheck: $(VENV)/.installed-test
 	$(BIN)/mypy
 
-# The project's own tests (tests/, examples/), then the contract suite against a mock it starts.
+# The documentation site (docs/, mkdocs.yml) into site/: strict, so a broken link, a missing page or
+# an unresolved reference fails the build. docs-serve serves it on 127.0.0.1:8000 as you edit.
+# (The variables silence a notice Material prints about a future MkDocs 2.)
+MKDOCS := NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(BIN)/mkdocs
+docs: $(VENV)/.installed-test
+	$(MKDOCS) build --strict --quiet
+
+docs-serve: $(VENV)/.installed-test
+	$(MKDOCS) serve --strict --dev-addr 127.0.0.1:8000
+
+# The project's own tests (tests/, examples/, the examples in docs/), then the contract suite against a mock it starts.
 # --dist loadgroup keeps tests marked xdist_group("ray") on one worker: one Ray cluster, not two.
-test: lint typecheck browser
+test: lint typecheck browser docs
 	$(BIN)/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 	$(BIN)/python -m pytest contract_tests -n 2 -p no:cacheprovider
 	# ... and against a mock of two worker processes over one control state (serve --workers 2).
@@ -83,4 +93,4 @@ bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/bench_run_code.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build site *.egg-info

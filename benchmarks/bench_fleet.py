@@ -162,7 +162,7 @@ def control_round_trip(fleet: Any, samples: int = 300) -> float:
 
 
 def measure_nodes(
-    counts: list[int], requests: int, concurrency: int, ingress: str = "serve"
+    counts: list[int], requests: int, concurrency: int, ingress: str = "node"
 ) -> list[dict[str, Any]]:
     """The fleet on a simulated cluster (``ray.cluster_utils.Cluster``, loopback) of each node
     count, one replica per node: throughput, and what the one control actor spends per request
@@ -328,9 +328,9 @@ def main() -> int:
     parser.add_argument(
         "--ingress",
         choices=["serve", "node"],
-        default="serve",
-        help="the fleet's ingress: Ray Serve's proxies (serve), or each replica's own server on "
-        "its node (node)",
+        default="node",
+        help="the fleet's ingress: each replica's own server on its node (node, the default, as "
+        "serve --ray), or Ray Serve's proxies (serve)",
     )
     parser.add_argument(
         "--nodes",

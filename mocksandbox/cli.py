@@ -15,6 +15,70 @@ if TYPE_CHECKING:
     pass
 
 
+#: The settings ``serve``'s options set: setting name -> the option's ``dest``. The reference pages
+#: of the docs read this too, to name each setting's option.
+SERVE_OPTIONS: dict[str, str] = {
+    "host": "host",
+    "port": "port",
+    "python": "python",
+    "runtime_dir": "runtime_dir",
+    "confinement": "confinement",
+    "isolation": "isolation",
+    "run_network": "run_network",
+    "run_env_keep": "run_env_keep",
+    "exec_mode": "exec_mode",
+    "max_output_bytes": "max_output_bytes",
+    "output_mode": "output_mode",
+    "access_log": "access_log",
+    "allowed_hosts": "allow_host",
+    "allow_any_host": "allow_any_host",
+    "workers": "workers",
+    "pin_workers": "pin_workers",
+    "faults_file": "faults",
+    "max_in_flight": "max_in_flight",
+    "overload": "overload",
+    "queue_timeout_s": "queue_timeout",
+    "control_api": "no_control_api",
+    "datasets_dirs": "datasets",
+    "max_runner_concurrency": "max_runner_concurrency",
+    "dataset_assets_dir": "dataset_assets",
+    "jupyter_pool_size": "jupyter_pool_size",
+    "jupyter_prewarm": "jupyter_prewarm",
+    "jupyter_launcher": "jupyter_launcher",
+    "instances_dirs": "instances",
+    "state_dir": "state_dir",
+    "swedev_backend": "swedev_backend",
+    "swedev_backend_python": "swedev_backend_python",
+    "session_ttl_s": "session_ttl",
+    "max_sessions": "max_sessions",
+    "reward_mode": "reward_mode",
+    "session_isolation": "session_isolation",
+    "replay_file": "replay",
+    "replay_mode": "replay_mode",
+    "replay_timing": "replay_timing",
+}
+#: ``store_true`` flags among them: given, a flag sets its setting to this; not given, it leaves the
+#: setting to the config file and the environment.
+SERVE_FLAGS: dict[str, bool] = {
+    "access_log": True,
+    "allow_any_host": True,
+    "no_control_api": False,
+    "jupyter_prewarm": True,
+    "replay_timing": True,
+}
+
+
+def serve_overrides(args: argparse.Namespace) -> dict[str, object]:
+    """The settings ``serve``'s command line sets (``None``: not given)."""
+    overrides: dict[str, object] = {}
+    for setting, dest in SERVE_OPTIONS.items():
+        value = getattr(args, dest)
+        if dest in SERVE_FLAGS:
+            value = SERVE_FLAGS[dest] if value else None
+        overrides[setting] = value
+    return overrides
+
+
 def _serve(args: argparse.Namespace) -> int:
     from mocksandbox.serving.single import is_loopback
     from mocksandbox.settings import SettingsError, load_settings
@@ -22,46 +86,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(
             args.config,
-            overrides={
-                "host": args.host,
-                "port": args.port,
-                "python": args.python,
-                "runtime_dir": args.runtime_dir,
-                "confinement": args.confinement,
-                "isolation": args.isolation,
-                "run_network": args.run_network,
-                "run_env_keep": args.run_env_keep,
-                "exec_mode": args.exec_mode,
-                "max_output_bytes": args.max_output_bytes,
-                "output_mode": args.output_mode,
-                "access_log": args.access_log or None,
-                "allowed_hosts": args.allow_host,
-                "allow_any_host": args.allow_any_host or None,
-                "workers": args.workers,
-                "pin_workers": args.pin_workers,
-                "faults_file": args.faults,
-                "max_in_flight": args.max_in_flight,
-                "overload": args.overload,
-                "queue_timeout_s": args.queue_timeout,
-                "control_api": False if args.no_control_api else None,
-                "datasets_dirs": args.datasets,
-                "max_runner_concurrency": args.max_runner_concurrency,
-                "dataset_assets_dir": args.dataset_assets,
-                "jupyter_pool_size": args.jupyter_pool_size,
-                "jupyter_prewarm": args.jupyter_prewarm or None,
-                "jupyter_launcher": args.jupyter_launcher,
-                "instances_dirs": args.instances,
-                "state_dir": args.state_dir,
-                "swedev_backend": args.swedev_backend,
-                "swedev_backend_python": args.swedev_backend_python,
-                "session_ttl_s": args.session_ttl,
-                "max_sessions": args.max_sessions,
-                "reward_mode": args.reward_mode,
-                "session_isolation": args.session_isolation,
-                "replay_file": args.replay,
-                "replay_mode": args.replay_mode,
-                "replay_timing": args.replay_timing or None,
-            },
+            overrides=serve_overrides(args),
         )
     except SettingsError as exc:
         print(f"mocksandbox: {exc}", file=sys.stderr)
@@ -125,6 +150,9 @@ def _jupyter_missing(python: str) -> str | None:
 
 
 #: Modules that add a subcommand with ``register(subparsers)``; absent ones are skipped.
+#: Where the documentation site is published (the package metadata's Documentation URL).
+DOCS_URL = "https://mocksandbox.readthedocs.io/"
+
 EXTRA_COMMAND_MODULES = (
     "mocksandbox.contract.command",  # mocksandbox contract
     "mocksandbox.stress.command",  # mocksandbox stress
@@ -135,7 +163,12 @@ EXTRA_COMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mocksandbox", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="mocksandbox",
+        description=__doc__,
+        epilog=f"Documentation: {DOCS_URL} (from a checkout: make docs-serve, then http://127.0.0.1:8000). "
+        f"Every setting: {DOCS_URL}reference/settings.html",
+    )
     parser.add_argument("--version", action="version", version=f"mocksandbox {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -232,8 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         const=LOCAL_RAY,
         metavar="ADDRESS",
-        help="serve as a Ray Serve fleet: join the cluster at ADDRESS (auto: the one `ray start` began "
-        "here), or start a local one on 127.0.0.1 when no ADDRESS is given",
+        help="serve as a fleet of replicas on a Ray cluster: join the cluster at ADDRESS (auto: the one "
+        "`ray start` began here), or start a local one on 127.0.0.1 when no ADDRESS is given",
     )
     fleet.add_argument("--replicas", type=int, metavar="N", help="replicas of the fleet (default 2)")
     fleet.add_argument(

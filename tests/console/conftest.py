@@ -73,7 +73,8 @@ def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     ):
         options.add_argument(flag)
     # The page's console messages, so that a test can fail on a script error or a CSP refusal.
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    # ... and its network events ("performance"), so that a test can list every request a page made.
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
     # Both paths given: Selenium Manager (which could download a driver) is never consulted.
     driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
     driver.set_page_load_timeout(WAIT_S)

@@ -88,7 +88,8 @@ class Fleet(ControlHandle):
         temporary_state: str | None = None,
         node_servers: list[Any] | None = None,
     ) -> None:
-        #: Base URL of the proxy on this node (``http://127.0.0.1:8000``).
+        #: Base URL clients use on this node (``http://127.0.0.1:8080``): the replicas' own port
+        #: (ingress ``node``), or Serve's proxy (ingress ``serve``).
         self.url = url
         #: The Serve application's name (its control actor is ``<name>-control``).
         self.name = name
