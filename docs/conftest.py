@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import textwrap
@@ -102,6 +103,34 @@ BASH_PRELUDE = textwrap.dedent(
 )
 
 
+def _run_group(command: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``command`` in a process group of its own, so that a block that runs past
+    ``BLOCK_TIMEOUT_S`` goes with everything it started (servers in the background included)."""
+    process = subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        stdout, stderr = process.communicate(timeout=BLOCK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                stdout, stderr = process.communicate(timeout=10)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        raise AssertionError(f"{' '.join(command[:3])}: still running after {BLOCK_TIMEOUT_S} s") from None
+    try:  # whatever the block left running in the background goes too
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
 def _page_dir(example: Example) -> Path:
     """The page's own directory; made, and the mock reset, at the page's first example (so each
     page starts from a clean mock: its journal, faults and cap)."""
@@ -135,14 +164,11 @@ def evaluate_python(example: Example) -> None:
     env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("PYTEST_XDIST_WORKER", None)
     env.pop("PYTEST_ADDOPTS", None)
-    result = subprocess.run(
+    result = _run_group(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-x",
          named.group(1)],
-        cwd=page,
-        capture_output=True,
-        text=True,
-        timeout=BLOCK_TIMEOUT_S,
-        env=env,
+        page,
+        env,
     )  # fmt: skip
     if result.returncode != 0:
         raise AssertionError(
@@ -170,14 +196,7 @@ def evaluate_bash(example: Example) -> None:
     """A ``bash`` block, run in the page's directory (see the module's text)."""
     script = bash_script(str(example.parsed), _live_address(example))
     env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "PYTHONDONTWRITEBYTECODE": "1"}
-    result = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", script],
-        cwd=_page_dir(example),
-        capture_output=True,
-        text=True,
-        timeout=BLOCK_TIMEOUT_S,
-        env=env,
-    )
+    result = _run_group(["bash", "-euo", "pipefail", "-c", script], _page_dir(example), env)
     if result.returncode != 0:
         raise AssertionError(
             f"{example.path}:{example.line}: the bash example failed (exit {result.returncode}):\n"
