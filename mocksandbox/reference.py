@@ -55,7 +55,9 @@ def field_comments(model: type) -> dict[str, str]:
 def _type_name(annotation: Any) -> str:
     text = annotation.__name__ if isinstance(annotation, type) else str(annotation)
     text = text.replace("typing.", "").replace("NoneType", "None")
-    return re.sub(r"Literal\[(.*)\]", lambda m: " | ".join(p.strip() for p in m.group(1).split(",")), text)
+    text = re.sub(r"Literal\[(.*)\]", lambda m: " | ".join(p.strip() for p in m.group(1).split(",")), text)
+    # (" or ", not "|": a table cell cannot hold a pipe inside code.)
+    return text.replace(" | ", " or ")
 
 
 def _default_text(name: str) -> str:
@@ -130,6 +132,10 @@ def _cell(text: str) -> str:
 def settings_reference_markdown() -> str:
     """The settings page: how settings are read, then one row per setting."""
     lines = [
+        "---",
+        "hide: [toc]",  # the table wants the page's width
+        "---",
+        "",
         "# Settings",
         "",
         "Everything `mocksandbox serve` (and the pytest plugin's mock) can be told. This page is",
