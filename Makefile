@@ -49,10 +49,14 @@ typecheck: $(VENV)/.installed-test
 # an unresolved reference fails the build. docs-serve serves it on 127.0.0.1:8000 as you edit.
 # (The variables silence a notice Material prints about a future MkDocs 2.)
 MKDOCS := NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(BIN)/mkdocs
-docs: $(VENV)/.installed-test
+$(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[docs]'
+	touch $@
+
+docs: $(VENV)/.installed-docs
 	$(MKDOCS) build --strict --quiet
 
-docs-serve: $(VENV)/.installed-test
+docs-serve: $(VENV)/.installed-docs
 	$(MKDOCS) serve --strict --dev-addr 127.0.0.1:8000
 
 # The project's own tests (tests/, examples/, the examples in docs/), then the contract suite against a mock it starts.
