@@ -109,3 +109,31 @@ def test_the_fixture_gives_a_test_a_fleet_on_a_local_ray(
     monkeypatch.delenv("RAY_ADDRESS", raising=False)  # a new local instance, whatever runs here
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q")
     result.assert_outcomes(passed=2)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ray")
+def test_serve_ray_on_a_port_in_use_says_so_in_one_line() -> None:
+    # The node servers share their port (SO_REUSEPORT): without the check, another server that set
+    # it too would silently take half the connections, and a plain one would fail each replica.
+    pytest.importorskip("ray.serve")
+    import socket
+
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "mocksandbox.cli", "serve", "--ray", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=240,
+            start_new_session=True,
+        )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"mocksandbox: cannot serve on 127.0.0.1:{port}: Address already in use" in result.stderr
+    assert "Traceback" not in result.stderr

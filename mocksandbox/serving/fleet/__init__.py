@@ -66,6 +66,18 @@ def _free_port(host: str) -> int:
         return int(probe.getsockname()[1])
 
 
+def _check_port_free(host: str, port: int) -> None:
+    """A :class:`FleetError` if something on this machine listens on ``host:port`` already. The
+    node servers share their port (``SO_REUSEPORT``), so another server that set it too (another
+    fleet of this user) would silently take half the connections instead of failing to bind."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise FleetError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
+
+
 class Fleet(ControlHandle):
     """A running fleet: its URL, its control state, and :meth:`stop`. The control methods are
     those of :class:`~mocksandbox.core.MockSandbox` (what the pytest fixtures call), read from the
@@ -264,6 +276,8 @@ def deploy(
         port = settings.port if port is None else port
         if port == 0 and ingress == "node":
             port = _free_port(host)  # every node's members bind the same one
+        elif ingress == "node":
+            _check_port_free(host, port)
         elif port == 0:  # Serve's proxies need a port known in advance; a running Serve has one
             port = _serve_http_address()[1] if not owns_serve else _free_port(host)
         settings = settings.replace(
@@ -320,7 +334,11 @@ def deploy(
                 None if keep_state else state_root,
                 node_servers=members,
             )
-            fleet.wait_replicas()
+            try:
+                fleet.wait_replicas()
+            except BaseException:
+                _stop_node_servers(members)
+                raise
             control.reset(baseline, capacity_from_settings(settings))
             return fleet
         serve.start(proxy_location=proxy_location, http_options={"host": host, "port": port})
@@ -399,6 +417,7 @@ def _start_node_servers(
     """``replicas`` node servers, round robin over the alive nodes; each ready (serving) when this
     returns."""
     import ray
+    from ray.exceptions import RayActorError
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from mocksandbox.serving.fleet.replica import NodeServer
@@ -432,9 +451,13 @@ def _start_node_servers(
         )
     try:
         ray.get([member.ready.remote() for member in members], timeout=READY_TIMEOUT_S)
-    except BaseException:
+    except BaseException as exc:
         for member in members:
             ray.kill(member, no_restart=True)
+        if isinstance(exc, RayActorError):  # its __init__ failed: say why, in one line
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+            cause = next((line for line in reversed(lines) if "Error" in line), lines[-1] if lines else "")
+            raise FleetError(f"a replica could not start: {cause}") from None
         raise
     return members
 

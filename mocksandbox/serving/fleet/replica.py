@@ -375,17 +375,7 @@ class NodeServer(FleetReplica):
 
         from mocksandbox.serving.single import LISTEN_BACKLOG, MockServer
 
-        super().__init__(
-            settings_json,
-            control_name,
-            namespace,
-            token,
-            state_root,
-            keep_state,
-            threads,
-            peer_host,
-            key=f"node-{secrets.token_hex(6)}",
-        )
+        # The port first: a member that cannot bind it fails before it registers or builds anything.
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -393,6 +383,17 @@ class NodeServer(FleetReplica):
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             listener.bind((host, port))
             listener.listen(LISTEN_BACKLOG)
+            super().__init__(
+                settings_json,
+                control_name,
+                namespace,
+                token,
+                state_root,
+                keep_state,
+                threads,
+                peer_host,
+                key=f"node-{secrets.token_hex(6)}",
+            )
             self.http = MockServer(
                 host, port, self.own_app, self.sandbox.settings.access_log, listener_fd=listener.fileno()
             )
