@@ -22,6 +22,8 @@ import pytest
 
 from mocksandbox import divergence
 from mocksandbox.core import MockSandbox
+from mocksandbox.divergence import SANDBOXFUSION_READER_PAUSE_BYTES
+from mocksandbox.execution.process import _SANDBOXFUSION_READ_CHUNK as SANDBOXFUSION_READ_CHUNK
 from mocksandbox.models import RunCodeRequest
 from mocksandbox.recording.cassette import read_cassette
 from mocksandbox.settings import load_settings
@@ -92,7 +94,12 @@ def test_sandboxfusion_mode_answers_as_sandboxfusion(
         if all(length == written for length in lengths):
             assert got == written, (stream, got, lengths)
         else:
-            assert min(lengths) * 0.95 <= got <= max(max(lengths) * 1.05, 262144), (stream, got, lengths)
+            # SandboxFusion's own answers vary here (its reader's last read before the pause takes
+            # what has piled up: up to 256 KiB past 128 KiB, as its recordings show), and so do the
+            # mock's: the answer must be one its reader can give, never the whole stream.
+            most = SANDBOXFUSION_READER_PAUSE_BYTES + SANDBOXFUSION_READ_CHUNK
+            assert min(lengths) * 0.95 <= got <= max(max(lengths) * 1.05, most), (stream, got, lengths)
+            assert got < written or written <= most, (stream, got, written)
 
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
