@@ -35,6 +35,7 @@ from mocksandbox.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from mocksandbox.control.ray_state import RayControlState
+    from mocksandbox.serving.fleet.replica import MemberConfig
 
 __all__ = ["Fleet", "FleetError", "deploy", "require_fleet_extra"]
 
@@ -261,7 +262,7 @@ def deploy(
 
     from mocksandbox.control.ray_state import RayControlState, start_control_actor
     from mocksandbox.core import MockSandbox, capacity_from_settings
-    from mocksandbox.serving.fleet.replica import FleetReplica
+    from mocksandbox.serving.fleet.replica import FleetReplica, MemberConfig
 
     settings = settings or load_settings()
     # Fault files are read here: the replicas' nodes may not have them.
@@ -306,57 +307,7 @@ def deploy(
             control_name, namespace, settings.journal_limit, capacity_from_settings(settings), baseline
         )
         control = RayControlState(actor)
-        if ingress == "node":
-            shown = f"[{host}]" if ":" in host else host
-            members = _start_node_servers(
-                settings,
-                control_name,
-                namespace,
-                token,
-                state_root,
-                keep_state,
-                max_ongoing_requests,
-                "127.0.0.1" if owns_ray else None,
-                host,
-                port,
-                replicas,
-                max_replicas_per_node,
-            )
-            fleet = Fleet(
-                f"http://{shown}:{port}",
-                name,
-                namespace,
-                settings,
-                control,
-                replicas,
-                owns_ray,
-                False,
-                None if keep_state else state_root,
-                node_servers=members,
-            )
-            try:
-                fleet.wait_replicas()
-            except BaseException:
-                _stop_node_servers(members)
-                raise
-            control.reset(baseline, capacity_from_settings(settings))
-            return fleet
-        serve.start(proxy_location=proxy_location, http_options={"host": host, "port": port})
-        bound = _serve_http_address()
-        if bound != (host, port):
-            raise FleetError(
-                f"Ray Serve already runs on this cluster with its proxies on {bound[0]}:{bound[1]}, not "
-                f"{host}:{port}: deploy with host={bound[0]!r}, port={bound[1]}, or shut it down first"
-            )
-        deployment = serve.deployment(serve.ingress()(FleetReplica)).options(
-            name="MockSandbox",
-            num_replicas=replicas,
-            max_ongoing_requests=max_ongoing_requests,
-            ray_actor_options={"num_cpus": 0},
-            max_replicas_per_node=max_replicas_per_node,
-            graceful_shutdown_timeout_s=5,
-        )
-        application = deployment.bind(
+        config = MemberConfig(
             settings.model_dump_json(),
             control_name,
             namespace,
@@ -367,8 +318,28 @@ def deploy(
             # A local instance of ours: peers meet on loopback. On a cluster: the node's address.
             "127.0.0.1" if owns_ray else None,
         )
-        # At the root: SandboxFusion's paths are absolute (one fleet per Serve instance).
-        serve.run(application, name=name, route_prefix="/")
+        members = None
+        if ingress == "node":
+            members = _start_node_servers(config, host, port, replicas, max_replicas_per_node)
+        else:
+            serve.start(proxy_location=proxy_location, http_options={"host": host, "port": port})
+            bound = _serve_http_address()
+            if bound != (host, port):
+                raise FleetError(
+                    f"Ray Serve already runs on this cluster with its proxies on {bound[0]}:{bound[1]}, "
+                    f"not {host}:{port}: deploy with host={bound[0]!r}, port={bound[1]}, or shut it down "
+                    "first"
+                )
+            deployment = serve.deployment(serve.ingress()(FleetReplica)).options(
+                name="MockSandbox",
+                num_replicas=replicas,
+                max_ongoing_requests=max_ongoing_requests,
+                ray_actor_options={"num_cpus": 0},
+                max_replicas_per_node=max_replicas_per_node,
+                graceful_shutdown_timeout_s=5,
+            )
+            # At the root: SandboxFusion's paths are absolute (one fleet per Serve instance).
+            serve.run(deployment.bind(config), name=name, route_prefix="/")
         shown = f"[{host}]" if ":" in host else host
         fleet = Fleet(
             f"http://{shown}:{port}",
@@ -380,9 +351,16 @@ def deploy(
             owns_ray,
             owns_serve,
             None if keep_state else state_root,
+            node_servers=members,
         )
-        fleet.wait_replicas()
-        _wait_proxies(fleet, proxy_location)
+        try:
+            fleet.wait_replicas()
+        except BaseException:
+            if members is not None:
+                _stop_node_servers(members)
+            raise
+        if members is None:
+            _wait_proxies(fleet, proxy_location)
         # The fleet starts as one server does: an empty journal (no readiness pings in it).
         control.reset(baseline, capacity_from_settings(settings))
         return fleet
@@ -401,18 +379,7 @@ def deploy(
 
 
 def _start_node_servers(
-    settings: Settings,
-    control_name: str,
-    namespace: str,
-    token: str,
-    state_root: str,
-    keep_state: bool,
-    threads: int,
-    peer_host: str | None,
-    host: str,
-    port: int,
-    replicas: int,
-    max_per_node: int | None,
+    config: MemberConfig, host: str, port: int, replicas: int, max_per_node: int | None
 ) -> list[Any]:
     """``replicas`` node servers, round robin over the alive nodes; each ready (serving) when this
     returns."""
@@ -436,18 +403,7 @@ def _start_node_servers(
                 num_cpus=0,
                 max_restarts=-1,  # Ray restarts a dead one on its node; it takes the dead one's slot
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-            ).remote(
-                settings.model_dump_json(),
-                control_name,
-                namespace,
-                token,
-                state_root,
-                keep_state,
-                threads,
-                peer_host,
-                host,
-                port,
-            )
+            ).remote(config, host, port)
         )
     try:
         ray.get([member.ready.remote() for member in members], timeout=READY_TIMEOUT_S)

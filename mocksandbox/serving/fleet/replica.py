@@ -27,6 +27,7 @@ import secrets
 import shutil
 import threading
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -184,41 +185,51 @@ def _node_address(node_id: str) -> str:
     return str(ray.util.get_node_ip_address())
 
 
+@dataclass(frozen=True)
+class MemberConfig:
+    """What every member of one fleet is started with (the same for all of them)."""
+
+    #: The fleet's settings (fault files already read into ``faults``).
+    settings_json: str
+    #: The control actor's name and Ray namespace.
+    control_name: str
+    namespace: str
+    #: The secret peers present to each other when they forward a session's request.
+    token: str
+    #: Where each member's slot dir (``slot-N``) is made.
+    state_root: str
+    #: Whether the slot dirs stay when the fleet stops (a configured ``state_dir``).
+    keep_state: bool
+    #: Requests a member serves at once.
+    threads: int
+    #: The address peers meet on (``None``: the node's address as Ray knows it).
+    peer_host: str | None = None
+
+
 class FleetReplica:
     """The body of the Serve deployment (wrapped by ``serve.ingress`` in :mod:`mocksandbox.serving.fleet`)."""
 
-    def __init__(
-        self,
-        settings_json: str,
-        control_name: str,
-        namespace: str,
-        token: str,
-        state_root: str,
-        keep_state: bool,
-        threads: int,
-        peer_host: str | None = None,
-        key: str | None = None,
-    ) -> None:
+    def __init__(self, config: MemberConfig, key: str | None = None) -> None:
         from mocksandbox.serving.single import MockServer
 
         context = ray.get_runtime_context()
-        self.token = token
-        self.threads = threads
+        self.token = config.token
+        self.threads = config.threads
         self.node_id: str = context.get_node_id()
         self.key = key or f"replica-{serve.get_replica_context().replica_id.unique_id}"
-        self.control = RayControlState.attach(control_name, namespace, replica=self.key)
-        self._keep_state = keep_state
+        self.control = RayControlState.attach(config.control_name, config.namespace, replica=self.key)
+        self._keep_state = config.keep_state
         self._session = requests.Session()
         self._session.trust_env = False  # peers are reached directly, never through a proxy
         self._stopped = False
         # The peer port comes first: the control actor records where this replica answers.
         self._peer_target: WSGIApp | None = None
-        self.peer_server = MockServer(peer_host or _node_address(self.node_id), 0, self._peer_app)
+        self.peer_server = MockServer(config.peer_host or _node_address(self.node_id), 0, self._peer_app)
         self.slot = self.control.register(
             context.current_actor, self.node_id, self.peer_server.url, context.get_actor_id() or ""
         )
-        self.state_dir = Path(state_root) / f"slot-{self.slot}"
-        settings = Settings.model_validate_json(settings_json).replace(state_dir=str(self.state_dir))
+        self.state_dir = Path(config.state_root) / f"slot-{self.slot}"
+        settings = Settings.model_validate_json(config.settings_json).replace(state_dir=str(self.state_dir))
         try:
             box = FleetSandbox.create(settings, control=self.control, worker_name=self.key)
         except BaseException:
@@ -358,19 +369,7 @@ class NodeServer(FleetReplica):
     node (or on a simulated cluster, one machine) share the port (``SO_REUSEPORT``; the kernel
     spreads connections over them). Ray places it, and restarts it on its node when it dies."""
 
-    def __init__(
-        self,
-        settings_json: str,
-        control_name: str,
-        namespace: str,
-        token: str,
-        state_root: str,
-        keep_state: bool,
-        threads: int,
-        peer_host: str | None,
-        host: str,
-        port: int,
-    ) -> None:
+    def __init__(self, config: MemberConfig, host: str, port: int) -> None:
         import socket
 
         from mocksandbox.serving.single import LISTEN_BACKLOG, MockServer
@@ -383,17 +382,7 @@ class NodeServer(FleetReplica):
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             listener.bind((host, port))
             listener.listen(LISTEN_BACKLOG)
-            super().__init__(
-                settings_json,
-                control_name,
-                namespace,
-                token,
-                state_root,
-                keep_state,
-                threads,
-                peer_host,
-                key=f"node-{secrets.token_hex(6)}",
-            )
+            super().__init__(config, key=f"node-{secrets.token_hex(6)}")
             self.http = MockServer(
                 host, port, self.own_app, self.sandbox.settings.access_log, listener_fd=listener.fileno()
             )
