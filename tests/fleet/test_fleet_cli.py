@@ -42,12 +42,18 @@ def test_the_fleet_module_imports_no_ray() -> None:
     assert out.strip() == "False"
 
 
+def _local_ray_env() -> dict[str, str]:
+    """The environment for `serve --ray` with no address: a new local Ray, never one RAY_ADDRESS names."""
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")
 def test_serve_ray_starts_a_local_fleet_and_ctrl_c_takes_it_all_down() -> None:
     pytest.importorskip("ray.serve")
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    env.pop("RAY_ADDRESS", None)
+    env = _local_ray_env()
     proc = subprocess.Popen(
         [sys.executable, "-m", "mocksandbox.cli", "serve", "--ray", "--replicas", "2", "--port", "0"],
         stdout=subprocess.PIPE,
@@ -119,8 +125,7 @@ def test_serve_ray_on_a_port_in_use_says_so_in_one_line() -> None:
     pytest.importorskip("ray.serve")
     import socket
 
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    env.pop("RAY_ADDRESS", None)
+    env = _local_ray_env()
     with socket.socket() as taken:
         taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         taken.bind(("127.0.0.1", 0))
