@@ -138,7 +138,9 @@ class PooledControlState(LocalControlState):
 
     # -- the slow path: admissions that need the master ------------------------------------------
 
-    def admit(self, request: IncomingRequest) -> Admission:
+    def admit(
+        self, request: IncomingRequest, permit: Callable[[int, CapacityPolicy], bool] | None = None
+    ) -> Admission:
         entry_id, _ = self.counters.next_id()
         entry = self.journal.begin(
             request.method,
@@ -150,7 +152,7 @@ class PooledControlState(LocalControlState):
             entry_id=entry_id,
             at=time.monotonic(),
         )
-        return self._decide(entry, request)
+        return self._decide(entry, request, permit)
 
     # -- what opens and closes the fast path ----------------------------------------------------
 

@@ -22,15 +22,25 @@ What a cluster adds, and this actor keeps beside that state:
 Why an actor and not the Unix-socket state server: replicas run on several machines, and Ray
 already gives them a named, reachable, monitored place to meet.
 
-**The fast path.** While no fault rule and no cap is in force, a request costs the actor no call:
-the replica admits it by itself and tells the actor what happened in batches, one way
+**The fast path.** While no fault rule is in force, a request seldom costs the actor a call: the
+replica admits it by itself and tells the actor what happened in batches, one way
 (:class:`FastPath`); every read drains the replicas first (a signal they long-poll, answered with
-all they hold), and puts their requests in the journal in the order they arrived. Adding a rule or
-a cap closes the path on every replica before it takes effect (the actor waits for each one's
-answer), so schedules (``first: 3``) and the cap stay exact: with either in force, a request costs
-two actor calls (``admit``, ``finish``), as before. What a replica that dies had not told yet (at
-most ``TELL_EVERY_S`` of requests) is lost with it; what it had told and not finished is closed as
+all they hold), and puts their requests in the journal in the order they arrived. Adding a rule
+closes the path on every replica before it takes effect (the actor waits for each one's answer),
+so schedules (``first: 3``) stay exact: with a rule in force, a request costs two actor calls
+(``admit``, ``finish``), as before. What a replica that dies had not told yet (at most
+``TELL_EVERY_S`` of requests) is lost with it; what it had told and not finished is closed as
 ``lost``, its permits given back.
+
+**Cap permits in blocks.** With a cap and no rule in force (the path is *leased*), the actor holds
+the cap's permits in a pool and leases them to replicas in blocks (a replica asks for as many as it
+has in use, so its block grows with its load): a request takes a permit its replica holds, and its
+permit stays with the replica when it ends, for the next one. So the cap is never exceeded
+fleet-wide (the permits leased never pass it), and a replica calls the actor only when its block
+runs out. Permits come back: those a replica left unused for ``TELL_EVERY_S``, all it holds when
+it dies (on Ray's report) or when the cap changes, and, when the pool is empty, all its unused ones
+at once (the actor recalls them before it refuses a request, so a refusal is exact: every permit
+is in use), one by one as they free while a request queues for one (``overload: queue``).
 """
 
 from __future__ import annotations
@@ -39,8 +49,9 @@ import itertools
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
@@ -75,6 +86,13 @@ WATCH_INTERVAL_FAST_S = 1.0
 #: How long one look at a replica may take before it is left for the next look (not declared dead:
 #: only Ray's report of its death does that).
 WATCH_TIMEOUT_S = 2.0
+#: How long a request queued for a permit waits before the actor recalls unused ones again (a
+#: request that ended before the cap was set gives its slot back only once its end is told).
+RECALL_EVERY_S = 1.0
+
+#: The paths a replica's admissions take: by itself with no cap (``fast``), by itself on leased
+#: cap permits (``leased``), through the actor (``slow``: a fault rule is in force).
+PathMode = str
 
 
 @dataclass
@@ -98,15 +116,40 @@ class ReplicaRecord:
     #: new key, which is how its previous life's death is known for sure.
     actor_id: str = ""
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self, leased: int = 0) -> dict[str, Any]:
+        """Plain values; ``held`` counts its permits admitted one by one and those leased to it."""
         return {
             "key": self.key,
             "node_id": self.node_id,
             "url": self.url,
             "slot": self.slot,
             "alive": self.alive,
-            "held": self.held,
+            "held": self.held + leased,
         }
+
+
+class FastEntry(NamedTuple):
+    """A request a replica admitted by itself, once its ``begin`` is in the journal."""
+
+    entry_id: int
+    #: The lease epoch of its permit (0: none, the path was fast).
+    epoch: int
+    #: False when the cap refused it (it was never in flight).
+    admitted: bool
+
+
+@dataclass(frozen=True)
+class PathWord:
+    """What a replica's long poll answers: the signal it acknowledges, the path its admissions
+    take, the lease epoch (permits of another epoch are void), and whether to give back its
+    unused permits now (``recall``) and each permit as its request ends (``tight``: a request
+    queues for one)."""
+
+    signal: int
+    mode: PathMode
+    epoch: int
+    recall: bool = False
+    tight: bool = False
 
 
 class ControlActor:
@@ -125,26 +168,42 @@ class ControlActor:
         self._signal_cond = threading.Condition()
         #: Bumped by every drain and every change of the fast path; replicas long-poll it.
         self._signal = 0
-        self._fast = self._fast_allowed()
+        self._mode: PathMode = "slow"
         #: Per subscribed replica: the last signal it acknowledged, and the batches it said it sent
         #: and the batches applied (a drain waits until those meet).
         self._acked: dict[str, int] = {}
         self._sent: dict[str, int] = {}
         self._applied: dict[str, int] = {}
-        #: Events told and not yet in the journal, and fast entries' journal ids by (replica, local id).
+        #: Events told and not yet in the journal, and fast entries by (replica, local id).
         self._pending_events: list[tuple[Any, ...]] = []
-        self._fast_ids: dict[tuple[str, int], int] = {}
+        self._fast_ids: dict[tuple[str, int], FastEntry] = {}
         #: Told batches that arrived before an earlier one of the same replica: applied in order.
         self._early: dict[tuple[str, int], list[tuple[Any, ...]]] = {}
-        #: One drain at a time: each puts what it took in time order.
-        self._drain_lock = threading.Lock()
         self._replicas: dict[str, ReplicaRecord] = {}
         #: Session id -> slot of the replica whose state dir holds it.
         self._sessions: dict[str, int] = {}
+        # The cap's permit pool while the path is leased (see the module's docstring). The cap less
+        # what is leased, admitted here on a pool permit, or carried (in flight when the epoch began,
+        # admitted otherwise: each gives its slot back as it leaves) is free.
+        self._pool = threading.Condition()
+        self._lease_epoch = 0
+        self._leased: dict[str, int] = {}
+        self._lease_holders: set[str] = set()
+        self._pool_admitted: set[int] = set()
+        self._carried = 0
+        #: Requests queued for a permit right now, and whether replicas give each one back at its end.
+        self._queued = 0
+        self._tight = False
+        self._recall = False
+        #: Drains started and done (a recall waits for one that started after it asked).
+        self._drains_started = 0
+        self._drains_done = 0
+        self._drain_lock = threading.Lock()
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch_forever, name="fleet-watch", daemon=True)
         self._watcher.start()
         threading.Thread(target=self._apply_forever, name="fleet-apply", daemon=True).start()
+        self._open_fast_path_if_allowed()
 
     # -- the request path, tagged with the replica ------------------------------------------------
 
@@ -153,7 +212,7 @@ class ControlActor:
     @ray.method(concurrency_group="admission")  # type: ignore[untyped-decorator]
     def admit(self, request: IncomingRequest, replica: str) -> Admission:
         self.calls["admit"] += 1
-        admission = self.state.admit(request)
+        admission = self.state.admit(request, self._pool_permit if self._mode == "leased" else None)
         if admission.admitted:
             with self._lock:
                 record = self._replicas.get(replica)
@@ -166,7 +225,21 @@ class ControlActor:
             # Admitted after its replica was declared dead (it waited in the queue): nobody will
             # ever give this permit back, so it goes back now.
             self.state.finish(admission.entry_id, None, None, outcome="lost")
+            self._slot_back(admission.entry_id)
         return admission
+
+    def _pool_permit(self, entry_id: int, policy: CapacityPolicy) -> bool:
+        """The cap for a request admitted here while the path is leased: a permit of the pool."""
+
+        def take(count: int) -> bool:
+            self._pool_admitted.add(entry_id)
+            self.state.in_flight.enter()
+            return True
+
+        granted = self._take_permits(1, policy.wait_seconds(), None, take)
+        if granted < 0:  # the path closed meanwhile: the in-flight count is the cap again
+            return self.state.in_flight.enter(policy.max_in_flight, policy.wait_seconds())
+        return granted > 0
 
     def finish(
         self,
@@ -188,8 +261,10 @@ class ControlActor:
                 if leave:
                     record.held = max(0, record.held - 1)
         self.state.finish(entry_id, status, response, outcome, leave, divergences)
+        if leave:
+            self._slot_back(entry_id)
 
-    def leave(self, replica: str) -> None:
+    def leave(self, replica: str, entry_id: int | None = None) -> None:
         self.calls["leave"] += 1
         with self._lock:
             record = self._replicas.get(replica)
@@ -198,6 +273,7 @@ class ControlActor:
                     return
                 record.held = max(0, record.held - 1)
         self.state.leave()
+        self._slot_back(entry_id)
 
     # -- the rest of the protocol, as LocalControlState has it ---------------------------------------
 
@@ -277,34 +353,163 @@ class ControlActor:
         if entry_id is not None and entry_id < 0:  # a fast entry: its journal id, once drained
             self._drain()
             with self._signal_cond:
-                entry_id = self._fast_ids.get((replica, entry_id))
+                fast = self._fast_ids.get((replica, entry_id))
+            entry_id = None if fast is None else fast.entry_id
         return self.state.next_replay(entry_id, key, labels)
 
     # -- the fast path: replicas admit by themselves, tell in batches, reads drain ------------------
 
-    def _fast_allowed(self) -> bool:
-        """No fault rule and no cap: nothing a replica could get wrong by admitting by itself."""
-        return not self.state.fault_rules() and self.state.capacity().max_in_flight is None
+    def _mode_allowed(self) -> PathMode:
+        """``fast`` with no rule and no cap (nothing a replica could get wrong by admitting by
+        itself), ``leased`` with a cap only, ``slow`` with a rule (schedules are counted here)."""
+        if self.state.fault_rules():
+            return "slow"
+        return "fast" if self.state.capacity().max_in_flight is None else "leased"
 
     @ray.method(concurrency_group="signals")  # type: ignore[untyped-decorator]
-    def await_signal(self, replica: str, seen: int, timeout: float) -> tuple[int, bool]:
-        """A replica's long poll: ``(signal, fast)`` once the signal is past ``seen`` (a drain, or
-        the fast path opened or closed), or after ``timeout`` seconds."""
+    def await_signal(self, replica: str, seen: int, timeout: float) -> PathWord:
+        """A replica's long poll: the :class:`PathWord` once the signal is past ``seen`` (a drain,
+        the path opened or closed, a request queued for a permit), or after ``timeout`` seconds."""
         with self._signal_cond:
             self._acked.setdefault(replica, seen)
             self._signal_cond.wait_for(lambda: self._signal > seen, timeout)
-            return self._signal, self._fast
+            return self.path_word()
+
+    def path_word(self) -> PathWord:
+        """What a replica's long poll would answer now (without subscribing anyone)."""
+        with self._signal_cond:
+            return PathWord(self._signal, self._mode, self._lease_epoch, self._recall, self._tight)
+
+    # -- the cap's permits, leased in blocks -------------------------------------------------------
+
+    @ray.method(concurrency_group="admission")  # type: ignore[untyped-decorator]
+    def lease(self, replica: str, epoch: int, want: int) -> tuple[int, int, float]:
+        """Up to ``want`` permits for ``replica`` (at least one if any can be had, waiting as the
+        cap's policy says): ``(epoch, granted, retry_after_s)``; ``granted`` is 0 when the cap
+        refuses, -1 when the path is not leased (or ``epoch`` is over): then ask :meth:`admit`."""
+        self.calls["lease"] += 1
+        policy = self.state.capacity()
+
+        def take(count: int) -> bool:
+            if replica not in self._lease_holders:
+                return False  # declared dead while it waited
+            self._leased[replica] = self._leased.get(replica, 0) + count
+            return True
+
+        granted = self._take_permits(want, policy.wait_seconds(), epoch, take)
+        return epoch, granted, policy.retry_after_s
+
+    def give_back(self, replica: str, epoch: int, count: int) -> None:
+        """``replica`` gives back ``count`` unused permits of ``epoch`` (one way)."""
+        self._permits_back(replica, epoch, count)
+
+    def _permits_back(self, replica: str, epoch: int, count: int) -> None:
+        if count <= 0:
+            return
+        with self._pool:
+            if epoch != self._lease_epoch or replica not in self._lease_holders:
+                return  # void: the pool took every lease of that epoch (or of that replica) back
+            self._leased[replica] = max(0, self._leased.get(replica, 0) - count)
+            self._pool.notify_all()
+
+    def _free_permits(self) -> int:
+        """(Under the pool's lock.)"""
+        cap = self.state.capacity().max_in_flight or 0
+        return cap - self._carried - sum(self._leased.values()) - len(self._pool_admitted)
+
+    def _take_permits(
+        self, want: int, wait: float | None, epoch: int | None, take: Callable[[int], bool]
+    ) -> int:
+        """Take up to ``want`` permits of the pool (``take`` accounts for them, under its lock, and
+        may refuse them: -1); when it is empty, recall the replicas' unused ones first, then wait
+        as long as ``wait`` says. The count taken, 0 when refused, -1 when the path is not leased
+        (or ``epoch`` is over)."""
+        deadline = None if wait is None else time.monotonic() + wait
+        recalled = False
+        while True:
+            with self._pool:
+                if self._mode != "leased" or (epoch is not None and epoch != self._lease_epoch):
+                    return -1
+                free = self._free_permits()
+                if free > 0:
+                    count = min(max(1, want), free)
+                    return count if take(count) else -1
+                if recalled:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        return 0  # every permit is in use: the cap refuses, exactly
+                    if self._tight:  # replicas give each permit back as it frees: wait for one
+                        self._queued += 1
+                        try:
+                            pause = RECALL_EVERY_S if remaining is None else min(remaining, RECALL_EVERY_S)
+                            woken = self._pool.wait(pause)
+                        finally:
+                            self._queued -= 1
+                        recalled = woken  # (none came for a while: recall again, ends told since)
+                        continue
+            if not recalled:
+                self._drain(recall=True)
+                recalled = True
+            else:
+                self._tighten()
+
+    def _tighten(self) -> None:
+        """A request queues for a permit: replicas give each permit back as its request ends."""
+        with self._signal_cond:
+            if self._tight:
+                return
+            self._tight = True
+            self._signal += 1
+            self._signal_cond.notify_all()
+
+    def _slot_back(self, entry_id: int | None) -> None:
+        """A request admitted here left: its permit goes back to the pool (or, admitted before
+        this lease epoch, the slot it was carried in)."""
+        with self._pool:
+            if entry_id is not None and entry_id in self._pool_admitted:
+                self._pool_admitted.discard(entry_id)
+            elif self._carried > 0:
+                self._carried -= 1
+            else:
+                return
+            self._pool.notify_all()
+
+    def _carried_left(self) -> None:
+        with self._pool:
+            if self._carried > 0:
+                self._carried -= 1
+                self._pool.notify_all()
+
+    def _start_lease_epoch(self) -> None:
+        """The path becomes leased: a new epoch, every permit in the pool but for the requests in
+        flight now (carried: each frees its slot as it leaves)."""
+        with self._pool:
+            self._lease_epoch += 1
+            self._leased.clear()
+            self._pool_admitted.clear()
+            self._carried = self.state.in_flight.snapshot()["in_flight"]
+            self._pool.notify_all()
 
     # Its own threads: drains wait for these calls, and must never hold every thread that could
     # run them.
     @ray.method(concurrency_group="told")  # type: ignore[untyped-decorator]
-    def told(self, replica: str, batch: int, events: list[tuple[Any, ...]], ack: int | None) -> None:
+    def told(
+        self,
+        replica: str,
+        batch: int,
+        events: list[tuple[Any, ...]],
+        ack: int | None,
+        returned: int = 0,
+        epoch: int = 0,
+    ) -> None:
         """A replica's events (``begin``, ``finish``, ``leave`` of its fast entries), batch number
-        ``batch`` (they are applied in order); with ``ack``, it has sent all it had by that signal."""
+        ``batch`` (they are applied in order); with ``ack``, it has sent all it had by that signal,
+        and gives back ``returned`` unused permits of lease epoch ``epoch``."""
         with self._lock:
             record = self._replicas.get(replica)
             if record is not None and not record.alive:
                 return  # declared dead: what it was serving is closed as lost already
+        self._permits_back(replica, epoch, returned)
         with self._signal_cond:
             self._early[(replica, batch)] = events
             applied = self._applied.get(replica, 0)
@@ -337,15 +542,27 @@ class ControlActor:
 
             self._signal_cond.wait_for(all_in, timeout)
 
-    def _drain(self) -> None:
-        """Bring every replica's told events into the journal, in the order they happened."""
+    def _drain(self, recall: bool = False) -> None:
+        """Bring every replica's told events into the journal, in the order they happened; with
+        ``recall``, their unused permits come back with them (several recalls at once share one
+        drain: any that started after they asked)."""
+        asked = self._drains_started
         with self._drain_lock:
-            if self._fast or self._pending_events:
-                self._signal_replicas()
-            with self._signal_cond:
-                events, self._pending_events = self._pending_events, []
-            if events:
-                self._apply(events)
+            if recall and self._drains_done > asked:
+                return
+            self._drains_started += 1
+            try:
+                if self._mode != "slow" or self._pending_events:
+                    with self._signal_cond:
+                        self._recall = recall
+                    self._signal_replicas()
+                with self._signal_cond:
+                    self._recall = False
+                    events, self._pending_events = self._pending_events, []
+                if events:
+                    self._apply(events)
+            finally:
+                self._drains_done = self._drains_started
 
     def _apply_forever(self) -> None:
         """Put in the journal, every second, what the replicas told long enough ago that nothing
@@ -364,45 +581,58 @@ class ControlActor:
     def _apply(self, events: list[tuple[Any, ...]]) -> None:
         offset = time.time() - time.monotonic()  # the replicas' wall clocks -> this clock
         journal, in_flight = self.state.journal, self.state.in_flight
-        for event in sorted(events, key=lambda e: e[2]):
+        # A request that waited for a permit arrived (its journal entry) before it entered the
+        # in-flight count: two moments, each in its place in time order.
+        entering = [("enter", e[1], e[11], e[3]) for e in events if e[0] == "begin" and e[9]]
+        for event in sorted(events + entering, key=lambda e: e[2]):
             kind, replica, wall, local = event[0], event[1], event[2], event[3]
             if kind == "begin":
-                method, path, query, body, client = event[4:9]
+                method, path, query, body, client, admitted, epoch = event[4:11]
                 entry = journal.begin(method, path, query, body, client, replica, at=wall - offset)
                 with self._signal_cond:
-                    self._fast_ids[(replica, local)] = entry.id
+                    self._fast_ids[(replica, local)] = FastEntry(entry.id, epoch, admitted)
+                continue
+            if kind == "enter":
                 in_flight.enter()
                 continue
             with self._signal_cond:
-                entry_id = self._fast_ids.get((replica, local))
-            if entry_id is None:
+                fast = self._fast_ids.get((replica, local))
+            if fast is None:
                 continue  # begun before the last reset
             if kind == "finish":
                 status, response, outcome, leave, divergences = event[4:9]
-                journal.finish_id(entry_id, status, response, outcome, wall - offset, divergences)
-                if not leave:
+                journal.finish_id(fast.entry_id, status, response, outcome, wall - offset, divergences)
+                if fast.admitted and not leave:
                     continue
-            in_flight.leave()
             with self._signal_cond:
                 self._fast_ids.pop((replica, local), None)
+            if not fast.admitted:
+                continue
+            in_flight.leave()
+            if fast.epoch != self._lease_epoch:
+                self._carried_left()  # (a permit of this epoch stays with its replica)
 
     def _close_fast_path(self) -> None:
         with self._signal_cond:
-            was_fast, self._fast = self._fast, False
-        if was_fast:
+            was_open, self._mode = self._mode != "slow", "slow"
+        with self._pool:
+            self._pool.notify_all()  # requests queued for a permit: ask the actor's admit instead
+        if was_open:
             self._signal_replicas()  # each one stops admitting by itself before it answers
         self._drain()
 
     def _open_fast_path_if_allowed(self) -> None:
-        allowed = self._fast_allowed()
+        mode = self._mode_allowed()
+        if mode == self._mode:
+            return
+        if mode == "leased":
+            self._start_lease_epoch()  # (before any replica hears that the path is leased)
         with self._signal_cond:
-            changed = allowed != self._fast
-            self._fast = allowed
-        if changed and allowed:
-            self._signal_replicas()
+            self._mode = mode
+        self._signal_replicas()
 
     def call_counts(self) -> dict[str, int]:
-        """The request path's calls so far, by method (``admit``, ``finish``, ``leave``)."""
+        """The request path's calls so far, by method (``admit``, ``finish``, ``leave``, ``lease``)."""
         return dict(self.calls)
 
     def ping(self) -> str:
@@ -442,6 +672,8 @@ class ControlActor:
             for old in [k for k, r in self._replicas.items() if r.slot == slot]:
                 del self._replicas[old]  # its successor is here: forget the dead one
             self._replicas[key] = ReplicaRecord(key, handle, node_id, url, slot, actor_id=actor_id)
+        with self._pool:
+            self._lease_holders.add(key)
         self.state.journal.note_event(f"replica {key} joined on node {node_id[:12]} (slot {slot})", key)
         return slot
 
@@ -451,8 +683,9 @@ class ControlActor:
 
     def replicas(self) -> list[dict[str, Any]]:
         """Every replica known, alive or not (with their actor handles, for tests that kill one)."""
-        with self._lock:
-            return [{**r.describe(), "handle": r.handle} for r in self._replicas.values()]
+        with self._lock, self._pool:
+            leased = self._leased
+            return [{**r.describe(leased.get(r.key, 0)), "handle": r.handle} for r in self._replicas.values()]
 
     def _declare_dead(self, key: str, how: str) -> None:
         with self._lock:
@@ -467,16 +700,27 @@ class ControlActor:
                 fast_lost = [(k, v) for k, v in self._fast_ids.items() if k[0] == key]
                 for fast_key, _ in fast_lost:
                     del self._fast_ids[fast_key]
-            for _, entry_id in fast_lost:
-                record.open_entries.add(entry_id)
-                record.held += 1  # (given back below, as a slow entry's permit is)
-            held, lost = record.held, sorted(record.open_entries)
+            slow_lost, slow_held = sorted(record.open_entries), record.held
+            lost = sorted(slow_lost + [fast.entry_id for _, fast in fast_lost])
             record.held = 0
             record.open_entries.clear()
+        with self._pool:  # its leased permits, used or not, go back to the pool
+            self._lease_holders.discard(key)
+            leased = self._leased.pop(key, 0)
+            self._pool.notify_all()
         for entry_id in lost:
             self.state.finish(entry_id, None, None, outcome="lost", leave=False)
-        for _ in range(held):
+        for _ in range(slow_held):
             self.state.leave()
+        for entry_id in slow_lost:
+            self._slot_back(entry_id)
+        held = slow_held + leased
+        for _, fast in fast_lost:
+            if fast.admitted:
+                self.state.leave()
+                if fast.epoch != self._lease_epoch:  # (one of this epoch's is counted in leased)
+                    held += 1
+                    self._carried_left()
         if how != "stopped" or held or lost:
             self.state.journal.note_event(
                 f"replica {key} {how}; {len(lost)} request(s) it was serving lost, "
@@ -487,10 +731,23 @@ class ControlActor:
     def _watch_forever(self) -> None:
         # On the fast path no replica holds a permit: a death noticed a little later costs nothing
         # but the time its open requests wait to be called lost, and the looks cost the actor CPU.
-        while not self._stop.wait(WATCH_INTERVAL_S if not self._fast else WATCH_INTERVAL_FAST_S):
+        while not self._stop.wait(WATCH_INTERVAL_S if self._mode != "fast" else WATCH_INTERVAL_FAST_S):
             with self._lock:
                 watched = [(r.key, r.handle) for r in self._replicas.values() if r.alive]
             self._look(watched)
+            self._loosen()
+
+    def _loosen(self) -> None:
+        """No request queues for a permit any more: replicas keep theirs again as they free."""
+        with self._pool:
+            if self._queued:
+                return
+        with self._signal_cond:
+            if not self._tight:
+                return
+            self._tight = False
+            self._signal += 1
+            self._signal_cond.notify_all()
 
     def _look(self, replicas: list[tuple[str, Any]]) -> None:
         """Declare dead those of ``replicas`` whose actor Ray reports dead. A replica that does not
@@ -574,45 +831,105 @@ def start_control_actor(
 
 
 class FastPath:
-    """A replica's side of the fast path: while the control actor says no rule and no cap is in
-    force, the replica admits by itself (an entry gets a local id, below 0) and keeps what
-    happened (``begin``, ``finish``, ``leave``, with the wall-clock time) to tell the actor in
-    numbered batches, one way: every ``TELL_EVERY_S`` while it has some, at once past
-    ``TELL_AT_EVENTS``. A thread long-polls the actor's signal: at each one (a read that drains,
-    or the fast path opening or closing) it takes the actor's word on the fast path, then tells
-    all it has and acknowledges, in one call. So a read sees every request answered before it, in
-    the order they arrived (the actor sorts by time when it drains), and once a rule or a cap is
-    added no replica admits by itself (the actor waits for every acknowledgement first)."""
+    """A replica's side of the fast path: while the control actor says no rule is in force, the
+    replica admits by itself (an entry gets a local id, below 0) and keeps what happened
+    (``begin``, ``finish``, ``leave``, with the wall-clock time) to tell the actor in numbered
+    batches, one way: every ``TELL_EVERY_S`` while it has some, at once past ``TELL_AT_EVENTS``. A
+    thread long-polls the actor's signal: at each one (a read that drains, the path opening or
+    closing, a request queued for a permit) it takes the actor's word on the path, then tells all
+    it has and acknowledges, in one call. So a read sees every request answered before it, in the
+    order they arrived (the actor sorts by time when it drains), and once a rule is added no
+    replica admits by itself (the actor waits for every acknowledgement first).
+
+    With a cap in force (the path is leased), each admission takes one of the permits this
+    replica holds, and asks the actor for a block when it holds none; a permit stays here when
+    its request ends, and goes back when the actor recalls it, when the actor says a request
+    queues for one (at once, as it frees), or when it was not used for ``TELL_EVERY_S``."""
 
     def __init__(self, actor: Any, replica: str) -> None:
         self.actor = actor
         self.replica = replica
         self.lock = threading.Lock()
-        self.fast = False
+        #: The actor's word (see :class:`PathWord`).
+        self.mode: PathMode = "slow"
+        self.epoch = 0
+        self.tight = False
+        #: Permits held and not in use, the fewest there were since the last look, and the epoch of
+        #: the permit each request in flight holds.
+        self.unused = 0
+        self._fewest_unused = 0
+        self._permits: dict[int, int] = {}
         self._events: list[tuple[Any, ...]] = []
         self._local_ids = itertools.count(1)
         self._batches = itertools.count(1)
-        self._seen = -1  # (the first poll answers at once: whether the fast path is open now)
+        self._seen = -1  # (the first poll answers at once: which path is open now)
         self._stop = threading.Event()
         self._wake = threading.Event()
         for target, name in ((self._poll, "fleet-fast-poll"), (self._tell_often, "fleet-fast-tell")):
             threading.Thread(target=target, name=name, daemon=True).start()
 
+    @property
+    def fast(self) -> bool:
+        """Whether this replica admits by itself now."""
+        return self.mode != "slow"
+
     def admit(self, request: IncomingRequest) -> Admission | None:
-        """The request admitted here (a local id), or ``None``: the actor decides."""
+        """The request admitted (or refused by the cap) here, under a local id; ``None``: the
+        actor decides."""
+        arrived = time.time()
         with self.lock:
-            if not self.fast:
+            mode, epoch = self.mode, self.epoch
+            if mode == "fast":
+                return self._begin(request, arrived, 0, True, 1.0)
+            if mode == "slow":
                 return None
-            local = -next(self._local_ids)
-            body = request.body[: BODY_LIMIT + 1]  # (the journal keeps no more, and sees it was cut)
-            self._events.append(
-                ("begin", self.replica, time.time(), local, request.method, request.path, request.query, body,
-                 request.client)
-            )  # fmt: skip
-            full = len(self._events) >= TELL_AT_EVENTS
-        if full:
+            if self.unused > 0:
+                self.unused -= 1
+                self._fewest_unused = min(self._fewest_unused, self.unused)
+                return self._begin(request, arrived, epoch, True, 1.0)
+            want = max(1, len(self._permits))  # (a block as large as what is in use: it doubles)
+        try:
+            lease = self.actor.lease.remote(self.replica, epoch, want)
+            epoch_granted, granted, retry_after_s = ray.get(lease)
+        except Exception:
+            return None  # (the actor's admit says what went wrong)
+        with self.lock:
+            if granted < 0 or self.mode != "leased" or self.epoch != epoch_granted:
+                if granted > 0:
+                    self.actor.give_back.remote(self.replica, epoch_granted, granted)
+                return None
+            if granted == 0:
+                return self._begin(request, arrived, 0, False, retry_after_s)
+            self.unused += granted - 1
+            return self._begin(request, arrived, epoch, True, retry_after_s)
+
+    def _begin(
+        self, request: IncomingRequest, at: float, epoch: int, admitted: bool, retry_after_s: float
+    ) -> Admission:
+        """(Under the lock.)"""
+        local = -next(self._local_ids)
+        body = request.body[: BODY_LIMIT + 1]  # (the journal keeps no more, and sees it was cut)
+        # (Its arrival, and when it had its permit: the journal's order and the in-flight count's.)
+        self._events.append(
+            ("begin", self.replica, at, local, request.method, request.path, request.query, body,
+             request.client, admitted, epoch, max(at, time.time()))
+        )  # fmt: skip
+        if admitted and epoch:
+            self._permits[local] = epoch
+        if len(self._events) >= TELL_AT_EVENTS:
             self._wake.set()
-        return Admission(local, True)
+        return Admission(local, admitted, retry_after_s)
+
+    def _release(self, local: int) -> None:
+        """(Under the lock.) The request ``local`` left: its permit stays here for the next one,
+        or goes back at once while a request queues for one; one of a past epoch is void."""
+        epoch = self._permits.pop(local, None)
+        if epoch is None or epoch != self.epoch or self.mode != "leased":
+            return
+        if self.tight:
+            self.actor.give_back.remote(self.replica, epoch, 1)
+        else:
+            self.unused += 1
 
     def finish(
         self, local: int, status: int | None, response: bytes | None, outcome: str, leave: bool,
@@ -623,16 +940,27 @@ class FastPath:
             self._events.append(
                 ("finish", self.replica, time.time(), local, status, kept, outcome, leave, tuple(divergences))
             )
+            if leave:
+                self._release(local)
 
     def leave(self, local: int) -> None:
         with self.lock:
             self._events.append(("leave", self.replica, time.time(), local))
+            self._release(local)
 
     def _tell_often(self) -> None:
+        last_look = time.monotonic()
         while not self._stop.is_set():
             self._wake.wait(TELL_EVERY_S)
             self._wake.clear()
             with self.lock:
+                if time.monotonic() - last_look >= TELL_EVERY_S:
+                    last_look = time.monotonic()
+                    idle, self._fewest_unused = self._fewest_unused, 0
+                    if idle and self.mode == "leased":  # unused all along: back to the pool
+                        self.unused -= idle
+                        self.actor.give_back.remote(self.replica, self.epoch, idle)
+                    self._fewest_unused = self.unused
                 if not self._events:
                     continue
                 batch, events = next(self._batches), self._events
@@ -644,25 +972,30 @@ class FastPath:
     def _poll(self) -> None:
         while not self._stop.is_set():
             try:
-                signal, fast = ray.get(
-                    self.actor.await_signal.remote(self.replica, self._seen, POLL_TIMEOUT_S)
-                )
+                poll = self.actor.await_signal.remote(self.replica, self._seen, POLL_TIMEOUT_S)
+                word: PathWord = ray.get(poll)
             except Exception:  # the actor is gone (the fleet stops), or busy restarting
                 if self._stop.wait(1.0):
                     return
                 continue
-            if signal <= self._seen:
+            if word.signal <= self._seen:
                 continue
             with self.lock:
-                self.fast = fast
+                if word.mode != "leased" or word.epoch != self.epoch:
+                    self.unused = 0  # the pool took every lease of the last epoch back
+                self.mode, self.epoch, self.tight = word.mode, word.epoch, word.tight
+                returned = 0
+                if self.mode == "leased" and (word.recall or word.tight):
+                    returned, self.unused = self.unused, 0
+                self._fewest_unused = min(self._fewest_unused, self.unused)
                 batch, events = next(self._batches), self._events
                 self._events = []
-                ref = self.actor.told.remote(self.replica, batch, events, signal)
+                ref = self.actor.told.remote(self.replica, batch, events, word.signal, returned, self.epoch)
             try:
                 ray.get(ref)
             except Exception:
                 continue
-            self._seen = signal
+            self._seen = word.signal
 
     def close(self) -> None:
         self._stop.set()
@@ -734,7 +1067,7 @@ class RayControlState:
         if entry_id is not None and entry_id < 0 and self.fast_path is not None:
             self.fast_path.leave(entry_id)
             return
-        self._call("leave", self.replica)
+        self._call("leave", self.replica, entry_id)
 
     def add_faults(self, specs: list[FaultSpec]) -> list[FaultRule]:
         return list(self._call("add_faults", specs))

@@ -205,16 +205,29 @@ class LocalControlState:
         # Adding several rules must be all or nothing, and no request may see half of them.
         self._faults_lock = threading.Lock()
 
-    def admit(self, request: IncomingRequest) -> Admission:
+    def admit(
+        self, request: IncomingRequest, permit: Callable[[int, CapacityPolicy], bool] | None = None
+    ) -> Admission:
+        """See :meth:`ControlState.admit`. ``permit``, if given, applies the cap instead of the
+        in-flight count (the fleet's permit pool): called with the entry's id and the policy, it may
+        wait, answers whether the request has a slot and, if so, has counted it in flight."""
         entry = self.journal.begin(
             request.method, request.path, request.query, request.body, request.client, request.worker
         )
-        return self._decide(entry, request)
+        return self._decide(entry, request, permit)
 
-    def _decide(self, entry: JournalEntry, request: IncomingRequest) -> Admission:
+    def _decide(
+        self,
+        entry: JournalEntry,
+        request: IncomingRequest,
+        permit: Callable[[int, CapacityPolicy], bool] | None = None,
+    ) -> Admission:
         """The cap's and the fault rules' verdict on ``request``, journaled as ``entry``."""
         policy = self._capacity
-        if not self.in_flight.enter(policy.max_in_flight, policy.wait_seconds()):
+        if permit is not None:
+            if not permit(entry.id, policy):
+                return Admission(entry.id, False, policy.retry_after_s)
+        elif not self.in_flight.enter(policy.max_in_flight, policy.wait_seconds()):
             return Admission(entry.id, False, policy.retry_after_s)
         decision = self.faults.decide(RequestInfo(request.method, request.path, request.body))
         self.journal.note_faults(entry, decision)

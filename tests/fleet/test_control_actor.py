@@ -7,6 +7,7 @@ Ray's part (noticing that a replica's actor died) is exercised on a real cluster
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 
@@ -128,7 +129,7 @@ def test_told_requests_reach_the_journal_in_time_order_with_or_without_a_read(ac
     now = time.time()
 
     def request(replica: str, local: int, at: float) -> list[tuple[object, ...]]:
-        begin = ("begin", replica, at, local, "POST", "/run_code", "", b"{}", "client")
+        begin = ("begin", replica, at, local, "POST", "/run_code", "", b"{}", "client", True, 0, at)
         return [begin, ("finish", replica, at + 0.01, local, 200, b"{}", "answered", True, ())]
 
     actor.told("r1", 1, request("r1", -1, now - 30) + request("r1", -2, now), None)
@@ -142,3 +143,104 @@ def test_told_requests_reach_the_journal_in_time_order_with_or_without_a_read(ac
     entries = actor.entries()  # a read drains the rest
     assert len(entries) == 4 and [e.id for e in entries] == [1, 2, 3, 4]
     assert actor.stats()["in_flight"] == 0 and actor.stats()["requests_total"] == 4
+
+
+# -- the cap's permits, leased in blocks (no rule in force) -------------------------------------------
+
+
+def test_with_a_cap_only_permits_are_leased_in_blocks_and_never_past_the_cap(actor: ControlActor) -> None:
+    actor.register("a", None, "node-1", "http://a")
+    actor.register("b", None, "node-2", "http://b")
+    epoch = actor.path_word().epoch
+    assert actor.path_word().mode == "leased" and epoch >= 1
+    assert actor.lease("a", epoch, 2)[:2] == (epoch, 2)
+    assert actor.lease("b", epoch, 2)[:2] == (epoch, 1)  # what is left
+    assert actor.lease("b", epoch, 1)[:2] == (epoch, 0)  # every permit is out: refused
+    assert sorted((r["key"], r["held"]) for r in actor.replicas()) == [("a", 2), ("b", 1)]
+    actor.give_back("a", epoch, 1)
+    assert actor.lease("b", epoch, 4)[:2] == (epoch, 1)
+    actor.give_back("a", epoch - 1, 1)  # a permit of another epoch is void
+    assert actor.lease("b", epoch, 1)[:2] == (epoch, 0)
+    assert actor.lease("b", epoch - 1, 1)[1] == -1  # an epoch that is over: ask admit
+    assert actor.call_counts()["lease"] == 6 and "admit" not in actor.call_counts()
+
+
+def test_a_dead_replicas_leased_permits_come_back(actor: ControlActor) -> None:
+    actor.register("a", None, "node-1", "http://a")
+    actor.register("b", None, "node-2", "http://b")
+    epoch = actor.path_word().epoch
+    assert actor.lease("a", epoch, 3)[1] == 3
+    # One of them in use: a's request, told.
+    now = time.time()
+    begin = ("begin", "a", now, -1, "POST", "/run_code", "", b"{}", "client", True, epoch, now)
+    actor.told("a", 1, [begin], None)
+    assert actor.stats()["in_flight"] == 1
+    assert actor.lease("b", epoch, 1)[1] == 0
+    actor._declare_dead("a", "died")
+    event = [e for e in actor.entries() if e.method == "EVENT"][-1]
+    assert "replica a died; 1 request(s) it was serving lost, 3 cap permit(s) given back" in str(event.body)
+    assert actor.stats()["in_flight"] == 0
+    assert actor.lease("b", epoch, 3)[1] == 3
+    actor.give_back("b", epoch, 3)
+    assert actor.lease("a", epoch, 1)[1] == -1  # (dead: it asks admit, which gives back at once)
+
+
+def test_requests_in_flight_when_the_cap_is_set_keep_their_slots_until_they_leave(
+    actor: ControlActor,
+) -> None:
+    actor.set_capacity(CapacityPolicy())
+    actor.register("a", None, "node-1", "http://a")
+    first, second = actor.admit(request(), "a"), actor.admit(request(), "a")
+    actor.set_capacity(CapacityPolicy(max_in_flight=3))
+    epoch = actor.path_word().epoch
+    assert actor.lease("a", epoch, 3)[1] == 1  # two slots are carried by the requests in flight
+    assert actor.lease("a", epoch, 1)[1] == 0
+    actor.finish(first.entry_id, 200, b"{}", "answered", True, "a")
+    assert actor.lease("a", epoch, 1)[1] == 1
+    actor.leave("a", second.entry_id)
+    assert actor.lease("a", epoch, 1)[1] == 1
+    assert actor.lease("a", epoch, 1)[1] == 0
+
+
+def test_the_actors_own_admit_takes_pool_permits_while_leased(actor: ControlActor) -> None:
+    actor.register("a", None, "node-1", "http://a")
+    epoch = actor.path_word().epoch
+    assert actor.lease("a", epoch, 2)[1] == 2
+    admitted = actor.admit(request(), "b")  # (a driver's, or a replica that fell back)
+    assert admitted.admitted and not actor.admit(request(), "b").admitted
+    actor.finish(admitted.entry_id, 200, b"{}", "answered", True, "b")
+    assert actor.lease("a", epoch, 1)[1] == 1
+    assert actor.stats()["in_flight"] == 0
+
+
+def test_queued_for_a_permit_replicas_give_each_back_as_it_frees(actor: ControlActor) -> None:
+    actor.set_capacity(CapacityPolicy(max_in_flight=1, overload="queue", queue_timeout_s=30))
+    actor.register("a", None, "node-1", "http://a")
+    actor.register("b", None, "node-2", "http://b")
+    epoch = actor.path_word().epoch
+    assert actor.lease("a", epoch, 1)[1] == 1
+    result: list[tuple[int, int, float]] = []
+    waiter = threading.Thread(target=lambda: result.append(actor.lease("b", epoch, 1)))
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while not actor.path_word().tight and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert actor.path_word().tight and not result  # a is told to give back at once
+    actor.give_back("a", epoch, 1)
+    waiter.join(10)
+    assert result and result[0][1] == 1
+    deadline = time.monotonic() + 10
+    while actor.path_word().tight and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not actor.path_word().tight  # nobody queues: permits stay where they free
+
+
+def test_a_rule_closes_the_leased_path(actor: ControlActor) -> None:
+    actor.register("a", None, "node-1", "http://a")
+    epoch = actor.path_word().epoch
+    actor.add_faults([validate_fault_spec({"action": {"type": "status", "status": 503}})])
+    assert actor.path_word().mode == "slow"
+    assert actor.lease("a", epoch, 1)[1] == -1
+    actor.clear_faults()
+    word = actor.path_word()
+    assert word.mode == "leased" and word.epoch > epoch

@@ -223,6 +223,30 @@ def test_without_rules_or_cap_the_control_actor_is_off_the_request_path(fleet: M
     assert [e.id for e in fleet.requests()] == sorted(e.id for e in fleet.requests())
 
 
+def test_with_a_cap_only_replicas_admit_on_leased_permits(fleet: MockSandboxHandle) -> None:
+    """A cap and no rule: each replica admits on permits leased to it in blocks, so the actor is
+    called far less than once per request, never past the cap, and the journal keeps one arrival
+    order across replicas under concurrent load."""
+    control = fleet.sandbox.control  # type: ignore[union-attr]
+    fleet.set_capacity(max_in_flight=32)
+    before = control.call_counts()
+    codes = [f"import time\ntime.sleep(0.02 * ({i} % 4))\nprint({i})" for i in range(48)]
+    with ThreadPoolExecutor(8) as pool:
+        replies = list(
+            pool.map(lambda c: post(fleet.url, "/run_code", {"code": c, "language": "python"}), codes)
+        )
+    assert [r.json()["run_result"]["stdout"] for r in replies] == [f"{i}\n" for i in range(48)]
+    after = control.call_counts()
+    assert after.get("admit", 0) == before.get("admit", 0), "a request went through the actor's admit"
+    leases = after.get("lease", 0) - before.get("lease", 0)
+    assert 1 <= leases <= len(codes) // 2, f"{leases} lease calls for {len(codes)} requests"
+    entries = fleet.requests(path="/run_code")
+    assert len(entries) == 48 and len({e.worker for e in entries}) >= 2
+    assert [e.started for e in entries] == sorted(e.started for e in entries)  # ids in arrival order
+    stats = fleet.stats()
+    assert stats["in_flight"] == 0 and 1 <= stats["max_in_flight"] <= 8 and stats["rejected_by_cap"] == 0
+
+
 # -- swedev sessions --------------------------------------------------------------------------------------
 
 
@@ -321,7 +345,8 @@ def test_a_killed_replica_fails_its_requests_only_and_gives_back_its_permits(
     fleet: MockSandboxHandle, tmp_path: Path
 ) -> None:
     box: Any = fleet.sandbox
-    fleet.set_capacity(max_in_flight=9)
+    fleet.set_capacity(max_in_flight=9)  # a cap and no rule: the replicas' permits are leased
+    admits = box.control.call_counts().get("admit", 0)
     barrier = tmp_path / "go"
     codes = [held_until(barrier, i) for i in range(9)]
     with ThreadPoolExecutor(9) as pool:
@@ -376,6 +401,7 @@ def test_a_killed_replica_fails_its_requests_only_and_gives_back_its_permits(
                 reply.text
             )
     assert fleet.stats()["in_flight"] == 0
+    assert box.control.call_counts().get("admit", 0) == admits  # (every permit came in a lease)
     events = [str(e.body) for e in fleet.requests() if e.method == "EVENT" and victim in str(e.body)]
     assert events and "died" in events[-1] and "cap permit(s) given back" in events[-1], events
     # Ray restarts it on its node; the fleet then admits its whole cap again at once.
