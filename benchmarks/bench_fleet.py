@@ -11,7 +11,10 @@ replicas on a new local Ray instance (loopback, no dashboard), then loads each w
   ``ray::ServeReplica``, ``ray::ProxyActor``, and the programs they run), and the round trip of
   one ``admit`` + ``finish`` pair to the control actor. These are what a projection to N nodes
   rests on: proxies, replicas and programs scale out with the nodes, the one control actor does
-  not, so ``1 / (control actor CPU per request)`` is the fleet-wide ceiling of that design.
+  not, so ``1 / (control actor CPU per request)`` is the fleet-wide ceiling of that design;
+* the fleet's other request paths (``--cap``): with a cap in force (replicas admit on permits
+  leased in blocks) and with a fault rule in force (every request through the actor), each with
+  the actor's CPU and calls per request.
 
     python benchmarks/bench_fleet.py
     python benchmarks/bench_fleet.py --replicas 2 --requests 300 --json fleet.json
@@ -301,6 +304,36 @@ def bridge_cost(requests: int = 3000) -> dict[str, float]:
     return {"app_us": alone, "through_bridge_us": through, "bridge_us": through - alone}
 
 
+def measure_paths(fleet: Any, cap: int, concurrency: int, requests: int) -> list[dict[str, Any]]:
+    """The fleet with a cap in force (its permits leased to replicas in blocks), and with a fault
+    rule in force that never fires (every request through the actor: its admit and finish), each
+    at ``concurrency``: throughput, the control actor's CPU and calls per request."""
+    rows = []
+    for name, arrange in (
+        (f"cap {cap} (leased)", lambda: fleet.set_capacity(max_in_flight=cap)),
+        ("a rule (through the actor)", lambda: fleet.add_fault(
+            {"match": {"path": "/never"}, "action": {"type": "status", "status": 503}}
+        )),
+    ):  # fmt: skip
+        fleet.reset()
+        arrange()
+        load(fleet.url, 4, 40)  # warm (the blocks grow to the load)
+        calls_before = sum(fleet.control.call_counts().values())
+        cpu_before, served_before = fleet_cpu(), fleet.stats()["requests_total"]
+        row = load(fleet.url, concurrency, requests)
+        cpu_after, served_after = fleet_cpu(), fleet.stats()["requests_total"]
+        served = max(1, served_after - served_before)
+        calls = sum(fleet.control.call_counts().values()) - calls_before
+        row.update(
+            path=name,
+            control_actor_cpu_ms=1000 * (cpu_after["control actor"] - cpu_before["control actor"]) / served,
+            control_calls_per_request=calls / served,
+        )
+        rows.append(row)
+    fleet.reset()
+    return rows
+
+
 def projection(cpu_ms: dict[str, float], nodes: int = 100, cores: int = 64) -> dict[str, float]:
     """What ``nodes`` nodes of ``cores`` cores would serve, from the measured CPU per request: the
     parts that scale out with nodes (proxies, replicas, programs) against the one control actor."""
@@ -331,6 +364,12 @@ def main() -> int:
         default="node",
         help="the fleet's ingress: each replica's own server on its node (node, the default, as "
         "serve --ray), or Ray Serve's proxies (serve)",
+    )
+    parser.add_argument(
+        "--cap",
+        type=int,
+        default=64,
+        help="also the fleet with this cap in force (leased permits) and with a rule in force (64)",
     )
     parser.add_argument(
         "--nodes",
@@ -388,6 +427,7 @@ def main() -> int:
         results["cpu_ms_per_request"] = {k: 1000 * (after[k] - before[k]) / served for k in after}
         results["control_calls_per_request"] = sum(calls.values()) / max(1, requests_after)
         results["control_round_trip_ms"] = 1000 * control_round_trip(fleet)
+        results["paths"] = measure_paths(fleet, args.cap, levels[0] if levels else 16, args.requests)
     finally:
         fleet.stop()
 
@@ -418,6 +458,13 @@ def main() -> int:
                 f"{fleet_row['concurrency']}: {share:.2f} of its throughput"
             )
     print(f"fleet p50 / single p50 at concurrency 1: {fleet1['p50_ms'] / single1['p50_ms']:.2f}x")
+    print(f"\nthe fleet's request paths at concurrency {results['paths'][0]['concurrency']}:")
+    print(f"{'path':28}{'req/s':>10}{'p50 ms':>10}{'actor CPU ms/req':>18}{'actor calls/req':>17}")
+    for row in results["paths"]:
+        print(
+            f"{row['path']:28}{row['req_per_s']:>10.1f}{row['p50_ms']:>10.2f}"
+            f"{row['control_actor_cpu_ms']:>18.3f}{row['control_calls_per_request']:>17.2f}"
+        )
     bridge = bridge_cost()
     results["bridge"] = bridge
     print(
