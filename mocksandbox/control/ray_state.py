@@ -180,6 +180,8 @@ class ControlActor:
         #: Told batches that arrived before an earlier one of the same replica: applied in order.
         self._early: dict[tuple[str, int], list[tuple[Any, ...]]] = {}
         self._replicas: dict[str, ReplicaRecord] = {}
+        #: Replicas declared dead (what they told before is still applied; what is open then, lost).
+        self._dead: set[str] = set()
         #: Session id -> slot of the replica whose state dir holds it.
         self._sessions: dict[str, int] = {}
         # The cap's permit pool while the path is leased (see the module's docstring). The cap less
@@ -581,6 +583,7 @@ class ControlActor:
     def _apply(self, events: list[tuple[Any, ...]]) -> None:
         offset = time.time() - time.monotonic()  # the replicas' wall clocks -> this clock
         journal, in_flight = self.state.journal, self.state.in_flight
+        begun: list[tuple[str, int]] = []
         # A request that waited for a permit arrived (its journal entry) before it entered the
         # in-flight count: two moments, each in its place in time order.
         entering = [("enter", e[1], e[11], e[3]) for e in events if e[0] == "begin" and e[9]]
@@ -591,6 +594,7 @@ class ControlActor:
                 entry = journal.begin(method, path, query, body, client, replica, at=wall - offset)
                 with self._signal_cond:
                     self._fast_ids[(replica, local)] = FastEntry(entry.id, epoch, admitted)
+                begun.append((replica, local))
                 continue
             if kind == "enter":
                 in_flight.enter()
@@ -611,6 +615,17 @@ class ControlActor:
             in_flight.leave()
             if fast.epoch != self._lease_epoch:
                 self._carried_left()  # (a permit of this epoch stays with its replica)
+        # Told by a replica that died before they were in: nothing more of them will come.
+        with self._lock:
+            orphans = [key for key in begun if key[0] in self._dead]
+        for key in orphans:
+            with self._signal_cond:
+                fast = self._fast_ids.pop(key, None)
+            if fast is None:
+                continue
+            self.state.finish(fast.entry_id, None, None, outcome="lost", leave=fast.admitted)
+            if fast.admitted and fast.epoch != self._lease_epoch:
+                self._carried_left()
 
     def _close_fast_path(self) -> None:
         with self._signal_cond:
@@ -693,6 +708,7 @@ class ControlActor:
             if record is None or not record.alive:
                 return
             record.alive = False
+            self._dead.add(key)
             with self._signal_cond:  # no drain waits for it any more; its open fast entries are lost
                 self._acked.pop(key, None)
                 self._sent.pop(key, None)

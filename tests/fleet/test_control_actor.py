@@ -244,3 +244,16 @@ def test_a_rule_closes_the_leased_path(actor: ControlActor) -> None:
     actor.clear_faults()
     word = actor.path_word()
     assert word.mode == "leased" and word.epoch > epoch
+
+
+def test_a_request_told_but_not_yet_in_the_journal_when_its_replica_died_is_lost(actor: ControlActor) -> None:
+    actor.set_capacity(CapacityPolicy())
+    actor.register("a", None, "node-1", "http://a")
+    now = time.time()
+    actor.told(
+        "a", 1, [("begin", "a", now, -1, "POST", "/run_code", "", b"{}", "client", True, 0, now)], None
+    )
+    actor._declare_dead("a", "died")  # (before any read put its request in the journal)
+    [entry] = [e for e in actor.entries() if e.path == "/run_code"]
+    assert entry.outcome == "lost"
+    assert actor.stats()["in_flight"] == 0
