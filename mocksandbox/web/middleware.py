@@ -150,7 +150,7 @@ class MockLayer:
             return answer.send(start_response)
         # A slow body keeps the request in flight until its last chunk is out.
         control.finish(entry_id, answer.status, answer.body, leave=False, divergences=diverged)
-        return answer.send(start_response, _closing(chunks, control.leave))
+        return answer.send(start_response, _closing(chunks, lambda: control.leave(entry_id)))
 
     def _answer(
         self, environ: dict[str, Any], decision: FaultDecision
