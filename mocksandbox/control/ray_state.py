@@ -22,17 +22,18 @@ What a cluster adds, and this actor keeps beside that state:
 Why an actor and not the Unix-socket state server: replicas run on several machines, and Ray
 already gives them a named, reachable, monitored place to meet.
 
-**The fast path.** While no fault rule is in force, a request seldom costs the actor a call: the
-replica admits it by itself and tells the actor what happened in batches, one way
-(:class:`FastPath`); every read drains the replicas first (a signal they long-poll, answered with
-all they hold), and puts their requests in the journal in the order they arrived. Adding a rule
-closes the path on every replica before it takes effect (the actor waits for each one's answer),
-so schedules (``first: 3``) stay exact: with a rule in force, a request costs two actor calls
-(``admit``, ``finish``), as before. What a replica that dies had not told yet (at most
-``TELL_EVERY_S`` of requests) is lost with it; what it had told and not finished is closed as
-``lost``, its permits given back.
+**The fast path.** A request seldom costs the actor a call: the replica admits it by itself and
+tells the actor what happened in batches, one way (:class:`FastPath`); every read drains the
+replicas first (a signal they long-poll, answered with all they hold), and puts their requests in
+the journal in the order they arrived. The fault rules' schedules (``first: 3``) are counted in
+one place, the actor: every replica holds the matches of the rules in force (sent with the
+signal; a change is in force once every replica has answered), and asks the actor which rules
+fire (``decide``, one call) only for a request one of them matches. What a replica that dies had
+not told yet (at most ``TELL_EVERY_S`` of requests) is lost with it; what it had told and not
+finished is closed as ``lost``, its permits given back. While the path changes (a new cap, a
+reset), replicas ask the actor for every admission (``admit``, ``finish``).
 
-**Cap permits in blocks.** With a cap and no rule in force (the path is *leased*), the actor holds
+**Cap permits in blocks.** With a cap in force (the path is *leased*), the actor holds
 the cap's permits in a pool and leases them to replicas in blocks (a replica asks for as many as it
 has in use, so its block grows with its load): a request takes a permit its replica holds, and its
 permit stays with the replica when it ends, for the next one. So the cap is never exceeded
@@ -64,7 +65,7 @@ from mocksandbox.control.state import (
     LocalControlState,
     ServerError,
 )
-from mocksandbox.faults import FaultRule, FaultSpec
+from mocksandbox.faults import FaultDecision, FaultMatch, FaultRule, FaultSpec, RequestInfo
 from mocksandbox.journal import BODY_LIMIT, JournalEntry
 
 #: Admissions the control actor runs at once (each waiting one holds a thread).
@@ -91,7 +92,7 @@ WATCH_TIMEOUT_S = 2.0
 RECALL_EVERY_S = 1.0
 
 #: The paths a replica's admissions take: by itself with no cap (``fast``), by itself on leased
-#: cap permits (``leased``), through the actor (``slow``: a fault rule is in force).
+#: cap permits (``leased``), through the actor (``slow``: while the path changes).
 PathMode = str
 
 
@@ -141,15 +142,16 @@ class FastEntry(NamedTuple):
 @dataclass(frozen=True)
 class PathWord:
     """What a replica's long poll answers: the signal it acknowledges, the path its admissions
-    take, the lease epoch (permits of another epoch are void), and whether to give back its
-    unused permits now (``recall``) and each permit as its request ends (``tight``: a request
-    queues for one)."""
+    take, the lease epoch (permits of another epoch are void), whether to give back its unused
+    permits now (``recall``) and each permit as its request ends (``tight``: a request queues for
+    one), and the matches of the fault rules in force (the actor decides on what one accepts)."""
 
     signal: int
     mode: PathMode
     epoch: int
     recall: bool = False
     tight: bool = False
+    matches: tuple[FaultMatch, ...] = ()
 
 
 class ControlActor:
@@ -169,6 +171,7 @@ class ControlActor:
         #: Bumped by every drain and every change of the fast path; replicas long-poll it.
         self._signal = 0
         self._mode: PathMode = "slow"
+        self._matches: tuple[FaultMatch, ...] = ()
         #: Per subscribed replica: the last signal it acknowledged, and the batches it said it sent
         #: and the batches applied (a drain waits until those meet).
         self._acked: dict[str, int] = {}
@@ -280,21 +283,37 @@ class ControlActor:
     # -- the rest of the protocol, as LocalControlState has it ---------------------------------------
 
     def add_faults(self, specs: list[FaultSpec]) -> list[FaultRule]:
-        self._close_fast_path()  # before the rules: no replica may admit by itself past them
         try:
             return self.state.add_faults(specs)
         finally:
-            self._open_fast_path_if_allowed()
+            self._publish_matches()  # in force once every replica sends what they match here
 
     def remove_fault(self, rule_id: str) -> bool:
         removed = self.state.remove_fault(rule_id)
-        self._open_fast_path_if_allowed()
+        self._publish_matches()
         return removed
 
     def clear_faults(self) -> list[str]:
         cleared = self.state.clear_faults()
-        self._open_fast_path_if_allowed()
+        self._publish_matches()
         return cleared
+
+    def _publish_matches(self) -> None:
+        """Send every replica the matches of the rules in force, and wait for their answers."""
+        matches = tuple(rule.spec.match for rule in self.state.fault_rules())
+        with self._signal_cond:
+            if matches == self._matches:
+                return
+            self._matches = matches
+        if self._mode != "slow":
+            self._signal_replicas()
+
+    @ray.method(concurrency_group="admission")  # type: ignore[untyped-decorator]
+    def decide(self, method: str, path: str, body: bytes) -> FaultDecision:
+        """Which fault rules fire on a request a replica admitted by itself (one a rule matches):
+        the schedules are counted here, once for the fleet."""
+        self.calls["decide"] += 1
+        return self.state.faults.decide(RequestInfo(method, path, body))
 
     def fault_rules(self) -> list[FaultRule]:
         return self.state.fault_rules()
@@ -362,10 +381,7 @@ class ControlActor:
     # -- the fast path: replicas admit by themselves, tell in batches, reads drain ------------------
 
     def _mode_allowed(self) -> PathMode:
-        """``fast`` with no rule and no cap (nothing a replica could get wrong by admitting by
-        itself), ``leased`` with a cap only, ``slow`` with a rule (schedules are counted here)."""
-        if self.state.fault_rules():
-            return "slow"
+        """``fast`` with no cap, ``leased`` with one."""
         return "fast" if self.state.capacity().max_in_flight is None else "leased"
 
     @ray.method(concurrency_group="signals")  # type: ignore[untyped-decorator]
@@ -380,7 +396,9 @@ class ControlActor:
     def path_word(self) -> PathWord:
         """What a replica's long poll would answer now (without subscribing anyone)."""
         with self._signal_cond:
-            return PathWord(self._signal, self._mode, self._lease_epoch, self._recall, self._tight)
+            return PathWord(
+                self._signal, self._mode, self._lease_epoch, self._recall, self._tight, self._matches
+            )
 
     # -- the cap's permits, leased in blocks -------------------------------------------------------
 
@@ -599,6 +617,13 @@ class ControlActor:
             if kind == "enter":
                 in_flight.enter()
                 continue
+            if kind == "faults":
+                with self._signal_cond:
+                    fast = self._fast_ids.get((replica, local))
+                noted = None if fast is None else journal.find(fast.entry_id)
+                if noted is not None:
+                    journal.note_faults(noted, event[4])
+                continue
             with self._signal_cond:
                 fast = self._fast_ids.get((replica, local))
             if fast is None:
@@ -638,12 +663,13 @@ class ControlActor:
 
     def _open_fast_path_if_allowed(self) -> None:
         mode = self._mode_allowed()
-        if mode == self._mode:
+        matches = tuple(rule.spec.match for rule in self.state.fault_rules())
+        if mode == self._mode and matches == self._matches:
             return
-        if mode == "leased":
+        if mode == "leased" and self._mode != "leased":
             self._start_lease_epoch()  # (before any replica hears that the path is leased)
         with self._signal_cond:
-            self._mode = mode
+            self._mode, self._matches = mode, matches
         self._signal_replicas()
 
     def call_counts(self) -> dict[str, int]:
@@ -870,6 +896,7 @@ class FastPath:
         self.mode: PathMode = "slow"
         self.epoch = 0
         self.tight = False
+        self.matches: tuple[FaultMatch, ...] = ()
         #: Permits held and not in use, the fewest there were since the last look, and the epoch of
         #: the permit each request in flight holds.
         self.unused = 0
@@ -890,9 +917,27 @@ class FastPath:
         return self.mode != "slow"
 
     def admit(self, request: IncomingRequest) -> Admission | None:
-        """The request admitted (or refused by the cap) here, under a local id; ``None``: the
-        actor decides."""
+        """The request admitted (or refused by the cap) here, under a local id, with the fault
+        rules' decision (the actor's, for a request a rule matches); ``None``: the actor admits."""
         arrived = time.time()
+        admission = self._admit(request, arrived)
+        if admission is None or not admission.admitted or not self.matches:
+            return admission
+        info = RequestInfo(request.method, request.path, request.body)
+        if not any(match.accepts(info) for match in self.matches):
+            return admission
+        try:
+            decision: FaultDecision = ray.get(
+                self.actor.decide.remote(request.method, request.path, request.body)
+            )
+        except Exception:
+            decision = FaultDecision()  # (the actor is gone: the fleet is stopping)
+        if decision.applied:
+            with self.lock:
+                self._events.append(("faults", self.replica, time.time(), admission.entry_id, decision))
+        return Admission(admission.entry_id, True, admission.retry_after_s, decision)
+
+    def _admit(self, request: IncomingRequest, arrived: float) -> Admission | None:
         with self.lock:
             mode, epoch = self.mode, self.epoch
             if mode == "fast":
@@ -1000,6 +1045,7 @@ class FastPath:
                 if word.mode != "leased" or word.epoch != self.epoch:
                     self.unused = 0  # the pool took every lease of the last epoch back
                 self.mode, self.epoch, self.tight = word.mode, word.epoch, word.tight
+                self.matches = word.matches
                 returned = 0
                 if self.mode == "leased" and (word.recall or word.tight):
                     returned, self.unused = self.unused, 0

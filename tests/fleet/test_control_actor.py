@@ -235,15 +235,30 @@ def test_queued_for_a_permit_replicas_give_each_back_as_it_frees(actor: ControlA
     assert not actor.path_word().tight  # nobody queues: permits stay where they free
 
 
-def test_a_rule_closes_the_leased_path(actor: ControlActor) -> None:
+def test_a_rule_leaves_the_path_open_and_the_actor_decides_what_it_matches(actor: ControlActor) -> None:
     actor.register("a", None, "node-1", "http://a")
     epoch = actor.path_word().epoch
-    actor.add_faults([validate_fault_spec({"action": {"type": "status", "status": 503}})])
-    assert actor.path_word().mode == "slow"
-    assert actor.lease("a", epoch, 1)[1] == -1
-    actor.clear_faults()
+    spec = {
+        "match": {"path": "/submit"},
+        "action": {"type": "status", "status": 503},
+        "schedule": {"first": 2},
+    }
+    [rule] = actor.add_faults([validate_fault_spec(spec)])
     word = actor.path_word()
-    assert word.mode == "leased" and word.epoch > epoch
+    assert (word.mode, word.epoch) == ("leased", epoch)  # the leases stand
+    assert [m.path for m in word.matches] == ["/submit"]  # replicas ask the actor about these
+    assert actor.lease("a", epoch, 1)[1] == 1
+    decisions = [actor.decide("POST", "/submit", b"{}") for _ in range(3)]
+    assert [d.rule_ids for d in decisions] == [(rule.id,), (rule.id,), ()]
+    assert actor.call_counts()["decide"] == 3 and actor.fault_rules()[0].fired == 2
+    # The journal notes the rules that fired on a replica's request (told with it).
+    now = time.time()
+    begin = ("begin", "a", now, -1, "POST", "/submit", "", b"{}", "client", True, epoch, now)
+    actor.told("a", 1, [begin, ("faults", "a", now + 0.001, -1, decisions[0])], None)
+    [entry] = [e for e in actor.entries() if e.path == "/submit"]
+    assert (entry.faults, entry.fault_action) == ([rule.id], "status")
+    actor.clear_faults()
+    assert actor.path_word().matches == () and actor.path_word().epoch == epoch
 
 
 def test_a_request_told_but_not_yet_in_the_journal_when_its_replica_died_is_lost(actor: ControlActor) -> None:

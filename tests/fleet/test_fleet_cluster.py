@@ -201,9 +201,11 @@ def test_one_journal_in_arrival_order_and_one_reset_for_all(fleet: MockSandboxHa
 def test_without_rules_or_cap_the_control_actor_is_off_the_request_path(fleet: MockSandboxHandle) -> None:
     """The fast path: no actor call per request; replicas tell their requests in batches, and a
     read drains them first, so the journal is complete, in arrival order across replicas (ids
-    follow the times the requests arrived), with every answer; a rule closes the path at once."""
+    follow the times the requests arrived), with every answer; the actor decides on the requests a
+    rule matches (one call each), the others stay off its path."""
     control = fleet.sandbox.control  # type: ignore[union-attr]
-    before = sum(control.call_counts().values())
+    counted = control.call_counts()
+    before = sum(counted.values())
     replies = run_all(
         fleet.url, [f"import time\ntime.sleep(0.05 * ({i} % 3))\nprint({i})" for i in range(24)]
     )
@@ -216,11 +218,22 @@ def test_without_rules_or_cap_the_control_actor_is_off_the_request_path(fleet: M
     stats = fleet.stats()
     assert (stats["requests_total"], stats["by_status"], stats["in_flight"]) == (24, {"200": 24}, 0)
     assert 1 <= stats["max_in_flight"] <= 24
-    # A rule: the next requests go through the actor (exactly), and the journal goes on in order.
-    fleet.fail(503, first=1)
-    assert [r.status_code for r in run_all(fleet.url, ["print(1)"] * 3)].count(503) == 1
-    assert sum(control.call_counts().values()) > before
-    assert [e.id for e in fleet.requests()] == sorted(e.id for e in fleet.requests())
+    # A rule for another path: these requests stay off the actor's path.
+    fleet.fail(503, path="/submit")
+    assert [r.status_code for r in run_all(fleet.url, ["print(1)"] * 6)] == [200] * 6
+    assert sum(control.call_counts().values()) == before, (
+        "the actor was asked about a request no rule matches"
+    )
+    # A rule they match: the actor decides on each (one call), exactly; the journal goes on in order.
+    rule = fleet.fail(503, first=1)
+    replies = run_all(fleet.url, ["print(1)"] * 3)
+    assert [r.status_code for r in replies].count(503) == 1
+    calls = control.call_counts()
+    decides, admits = (calls.get(k, 0) - counted.get(k, 0) for k in ("decide", "admit"))
+    assert (decides, admits) == (3, 0), calls
+    entries = fleet.requests(path="/run_code")
+    assert [e.started for e in entries] == sorted(e.started for e in entries)
+    assert [e.faults for e in entries if e.status == 503] == [[rule.id]]
 
 
 def test_with_a_cap_only_replicas_admit_on_leased_permits(fleet: MockSandboxHandle) -> None:
