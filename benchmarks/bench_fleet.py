@@ -13,8 +13,8 @@ replicas on a new local Ray instance (loopback, no dashboard), then loads each w
   rests on: proxies, replicas and programs scale out with the nodes, the one control actor does
   not, so ``1 / (control actor CPU per request)`` is the fleet-wide ceiling of that design;
 * the fleet's other request paths (``--cap``): with a cap in force (replicas admit on permits
-  leased in blocks) and with a fault rule in force (every request through the actor), each with
-  the actor's CPU and calls per request.
+  leased in blocks), with a fault rule for another path, and with one that matches every request
+  (the actor decides on each), each with the actor's CPU and calls per request.
 
     python benchmarks/bench_fleet.py
     python benchmarks/bench_fleet.py --replicas 2 --requests 300 --json fleet.json
@@ -305,14 +305,19 @@ def bridge_cost(requests: int = 3000) -> dict[str, float]:
 
 
 def measure_paths(fleet: Any, cap: int, concurrency: int, requests: int) -> list[dict[str, Any]]:
-    """The fleet with a cap in force (its permits leased to replicas in blocks), and with a fault
-    rule in force that never fires (every request through the actor: its admit and finish), each
-    at ``concurrency``: throughput, the control actor's CPU and calls per request."""
+    """The fleet with a cap in force (its permits leased to replicas in blocks), with a fault rule
+    for another path (requests stay off the actor's path), and with a rule that matches every
+    request and never fires (the actor decides on each), each at ``concurrency``: throughput, the
+    control actor's CPU and calls per request."""
     rows = []
     for name, arrange in (
         (f"cap {cap} (leased)", lambda: fleet.set_capacity(max_in_flight=cap)),
-        ("a rule (through the actor)", lambda: fleet.add_fault(
-            {"match": {"path": "/never"}, "action": {"type": "status", "status": 503}}
+        ("a rule for another path", lambda: fleet.add_fault(
+            {"match": {"path": "/submit"}, "action": {"type": "status", "status": 503}}
+        )),
+        ("a rule matching each", lambda: fleet.add_fault(
+            {"match": {"path": "/run_code"}, "action": {"type": "status", "status": 503},
+             "schedule": {"after": 10**9}}
         )),
     ):  # fmt: skip
         fleet.reset()
@@ -369,7 +374,7 @@ def main() -> int:
         "--cap",
         type=int,
         default=64,
-        help="also the fleet with this cap in force (leased permits) and with a rule in force (64)",
+        help="also the fleet with this cap in force (leased permits), and with fault rules (64)",
     )
     parser.add_argument(
         "--nodes",
