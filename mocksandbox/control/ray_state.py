@@ -673,7 +673,8 @@ class ControlActor:
         self._signal_replicas()
 
     def call_counts(self) -> dict[str, int]:
-        """The request path's calls so far, by method (``admit``, ``finish``, ``leave``, ``lease``)."""
+        """The request path's calls so far, by method (``admit``, ``finish``, ``leave``, ``lease``,
+        ``decide``)."""
         return dict(self.calls)
 
     def ping(self) -> str:
@@ -873,15 +874,16 @@ def start_control_actor(
 
 
 class FastPath:
-    """A replica's side of the fast path: while the control actor says no rule is in force, the
-    replica admits by itself (an entry gets a local id, below 0) and keeps what happened
-    (``begin``, ``finish``, ``leave``, with the wall-clock time) to tell the actor in numbered
-    batches, one way: every ``TELL_EVERY_S`` while it has some, at once past ``TELL_AT_EVENTS``. A
-    thread long-polls the actor's signal: at each one (a read that drains, the path opening or
-    closing, a request queued for a permit) it takes the actor's word on the path, then tells all
-    it has and acknowledges, in one call. So a read sees every request answered before it, in the
-    order they arrived (the actor sorts by time when it drains), and once a rule is added no
-    replica admits by itself (the actor waits for every acknowledgement first).
+    """A replica's side of the fast path: while the control actor says the path is open (it is
+    closed only while it changes), the replica admits by itself (an entry gets a local id, below
+    0) and keeps what happened (``begin``, ``finish``, ``leave``, with the wall-clock time) to tell
+    the actor in numbered batches, one way: every ``TELL_EVERY_S`` while it has some, at once past
+    ``TELL_AT_EVENTS``. A thread long-polls the actor's signal: at each one (a read that drains,
+    the path opening or closing, the fault rules changing, a request queued for a permit) it takes
+    the actor's word (:class:`PathWord`), then tells all it has and acknowledges, in one call. So a
+    read sees every request answered before it, in the order they arrived (the actor sorts by time
+    when it drains), and once a rule is added every request it matches is decided by the actor
+    (which waits for every acknowledgement first).
 
     With a cap in force (the path is leased), each admission takes one of the permits this
     replica holds, and asks the actor for a block when it holds none; a permit stays here when
