@@ -3,6 +3,7 @@ the foreground (``mocksandbox serve``, :func:`serve_single`)."""
 
 from __future__ import annotations
 
+import errno
 import io
 import ipaddress
 import os
@@ -285,6 +286,30 @@ class MockServer(ThreadedWSGIServer):
         finally:
             probe.close()
         return cls(host, port, app, access_log, listener_fd=fd)
+
+    def accept_forever(self) -> None:
+        """Serve with a blocking ``accept`` instead of :meth:`serve_forever`'s poll, until a signal
+        handler raises. For processes that share one listening socket (``serve --workers``): the
+        kernel wakes one waiting ``accept`` per connection, in turn, where a poll wakes every
+        process for each one and all but one find nothing (each wake-up also takes its GIL)."""
+        listener = self.socket
+        listener.setblocking(True)  # (the flag is the shared socket's: every worker accepts so)
+        while self.accepting_requests:
+            try:
+                request, client_address = listener.accept()
+            except InterruptedError:
+                continue
+            except OSError as exc:
+                if exc.errno in (errno.EBADF, errno.EINVAL, errno.ENOTSOCK):
+                    return  # the listener is closed, or shut down
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    time.sleep(0.05)  # out of descriptors or memory: let connections end first
+                continue  # (ECONNABORTED: the client left before we took it)
+            try:
+                self.process_request(request, client_address)
+            except Exception:
+                self.handle_error(request, client_address)
+                self.shutdown_request(request)
 
     # Kept-alive connections outlive requests: they are tracked so that closing the server also
     # ends them (after their answer in progress, if any), as it did when every answer closed them.

@@ -394,7 +394,7 @@ def _worker_main(argv: list[str]) -> int:
     tell({"ready": True, "banner": banner})
     ready.close()
     try:
-        server.serve_forever()
+        server.accept_forever()  # (SIGTERM's handler raises in it)
     except KeyboardInterrupt:
         pass
     finally:

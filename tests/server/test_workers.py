@@ -9,6 +9,7 @@ from any worker; and a killed worker is replaced while the other keeps answering
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import os
 import subprocess
 import time
@@ -85,6 +86,18 @@ def test_one_journal_in_arrival_order(served: Served) -> None:
     assert starts == sorted(starts)
     stats = served.get("/_mock/stats").json()
     assert stats["requests_total"] == 120 and stats["by_status"] == {"200": 120} and stats["in_flight"] == 0
+
+
+def test_workers_take_connections_in_turn(served: Served) -> None:
+    """Each worker waits in a blocking accept; the kernel wakes one per connection, the one that
+    waited longest: one client's requests, one after the other, go to the workers in turn. (With
+    both polling the socket, both woke for each connection and whichever ran first took it: as
+    many switches as coin flips, about half.)"""
+    for i in range(20):
+        assert served.run(f"print({i})").status_code == 200
+    served_by = [e["worker"] for e in served.get("/_mock/journal").json()["entries"]]
+    switches = sum(a != b for a, b in itertools.pairwise(served_by))
+    assert switches >= 14, served_by
 
 
 def test_the_cap_holds_across_workers(served: Served) -> None:
