@@ -200,9 +200,10 @@ class ControlActor:
         self._queued = 0
         self._tight = False
         self._recall = False
-        #: Drains started and done (a recall waits for one that started after it asked).
-        self._drains_started = 0
-        self._drains_done = 0
+        #: Recalls (drains that take unused permits back) started and done: a recall waits for one
+        #: that started after it asked.
+        self._recalls_started = 0
+        self._recalls_done = 0
         self._drain_lock = threading.Lock()
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch_forever, name="fleet-watch", daemon=True)
@@ -566,11 +567,12 @@ class ControlActor:
         """Bring every replica's told events into the journal, in the order they happened; with
         ``recall``, their unused permits come back with them (several recalls at once share one
         drain: any that started after they asked)."""
-        asked = self._drains_started
+        asked = self._recalls_started
         with self._drain_lock:
-            if recall and self._drains_done > asked:
-                return
-            self._drains_started += 1
+            if recall:
+                if self._recalls_done > asked:
+                    return
+                self._recalls_started += 1
             try:
                 if self._mode != "slow" or self._pending_events:
                     with self._signal_cond:
@@ -582,7 +584,8 @@ class ControlActor:
                 if events:
                     self._apply(events)
             finally:
-                self._drains_done = self._drains_started
+                if recall:
+                    self._recalls_done = self._recalls_started
 
     def _apply_forever(self) -> None:
         """Put in the journal, every second, what the replicas told long enough ago that nothing

@@ -272,3 +272,41 @@ def test_a_request_told_but_not_yet_in_the_journal_when_its_replica_died_is_lost
     [entry] = [e for e in actor.entries() if e.path == "/run_code"]
     assert entry.outcome == "lost"
     assert actor.stats()["in_flight"] == 0
+
+
+def test_before_refusing_the_actor_recalls_permits_a_replica_holds_unused(actor: ControlActor) -> None:
+    """Exact refusals: with every permit leased, one held unused by another replica is recalled
+    (the replica answers the signal with it) and granted, rather than the request refused."""
+    actor.set_capacity(CapacityPolicy(max_in_flight=2))
+    actor.register("a", None, "node-1", "http://a")
+    actor.register("b", None, "node-2", "http://b")
+    epoch = actor.path_word().epoch
+    assert actor.lease("a", epoch, 2)[1] == 2  # a holds both, in use by none
+    held = {"unused": 2}
+    stop = threading.Event()
+
+    def replica_a() -> None:  # what FastPath._poll does with the actor's word
+        seen, batch = -1, 0
+        while not stop.is_set():
+            word = actor.await_signal("a", seen, 0.2)
+            if word.signal <= seen:
+                continue
+            returned = held["unused"] if word.recall else 0
+            held["unused"] -= returned
+            batch += 1
+            actor.told("a", batch, [], word.signal, returned, word.epoch)
+            seen = word.signal
+
+    poller = threading.Thread(target=replica_a, daemon=True)
+    poller.start()
+    try:
+        deadline = time.monotonic() + 10
+        while "a" not in actor._acked and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert actor.lease("b", epoch, 1)[1] == 1  # recalled from a, granted to b
+        assert held["unused"] == 0
+        assert actor.lease("b", epoch, 1)[1] == 1  # the second one a gave back
+        assert actor.lease("b", epoch, 1)[1] == 0  # now every permit is in use: refused
+    finally:
+        stop.set()
+        poller.join(5)
