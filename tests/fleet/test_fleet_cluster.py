@@ -139,6 +139,29 @@ def test_a_first_3_rule_fails_exactly_three_requests_fleet_wide(fleet: MockSandb
     assert fleet.stats()["faults_fired"] == {rule.id: 3}
 
 
+def test_a_rule_and_a_cap_together_stay_exact_fleet_wide(fleet: MockSandboxHandle, tmp_path: Path) -> None:
+    """Leased permits and the actor's fault decisions at once: every admitted request holds its
+    slot until the barrier, so the cap refuses exactly the six past it, and the rule (a short
+    delay, then the program) fires on exactly the first two of the four admitted; the refused
+    ones never reach it, as on one server."""
+    fleet.set_capacity(max_in_flight=4)
+    rule = fleet.delay(0.01, first=2)
+    barrier = tmp_path / "go"
+    with ThreadPoolExecutor(10) as pool:
+        body = {"code": held_until(barrier, 5), "language": "python"}
+        futures = [pool.submit(post, fleet.url, "/run_code", body) for _ in range(10)]
+        _wait_for(lambda: fleet.stats()["rejected_by_cap"] == 6, 120, "six refusals")
+        assert fleet.stats()["in_flight"] == 4
+        barrier.touch()
+        statuses = sorted(f.result(timeout=120).status_code for f in futures)
+    assert statuses == [200] * 4 + [429] * 6
+    [state] = [r for r in fleet.sandbox.fault_rules() if r.id == rule.id]
+    assert (state.matched, state.fired) == (4, 2)
+    stats = fleet.stats()
+    assert stats["faults_fired"] == {rule.id: 2} and stats["max_in_flight"] == 4 and stats["in_flight"] == 0
+    assert [e.fault_action for e in fleet.requests(path="/run_code") if e.faults] == ["delay", "delay"]
+
+
 def held_until(barrier: Path, i: int) -> str:
     """A program that stays in flight until the test creates ``barrier`` (every node of the
     simulated cluster is this machine), then prints ``i``. It lists the barrier's dir rather than
