@@ -301,7 +301,7 @@ class ControlActor:
 
     def _publish_matches(self) -> None:
         """Send every replica the matches of the rules in force, and wait for their answers."""
-        matches = tuple(rule.spec.match for rule in self.state.fault_rules())
+        matches = self._rule_matches()
         with self._signal_cond:
             if matches == self._matches:
                 return
@@ -380,6 +380,10 @@ class ControlActor:
         return self.state.next_replay(entry_id, key, labels)
 
     # -- the fast path: replicas admit by themselves, tell in batches, reads drain ------------------
+
+    def _rule_matches(self) -> tuple[FaultMatch, ...]:
+        """What the fault rules in force match (what replicas send the actor to decide on)."""
+        return tuple(rule.spec.match for rule in self.state.fault_rules())
 
     def _mode_allowed(self) -> PathMode:
         """``fast`` with no cap, ``leased`` with one."""
@@ -484,8 +488,8 @@ class ControlActor:
             self._signal_cond.notify_all()
 
     def _slot_back(self, entry_id: int | None) -> None:
-        """A request admitted here left: its permit goes back to the pool (or, admitted before
-        this lease epoch, the slot it was carried in)."""
+        """A request left: its permit goes back to the pool (one admitted here on a pool permit),
+        or the slot it was carried in (one admitted before this lease epoch; ``None`` says so)."""
         with self._pool:
             if entry_id is not None and entry_id in self._pool_admitted:
                 self._pool_admitted.discard(entry_id)
@@ -494,12 +498,6 @@ class ControlActor:
             else:
                 return
             self._pool.notify_all()
-
-    def _carried_left(self) -> None:
-        with self._pool:
-            if self._carried > 0:
-                self._carried -= 1
-                self._pool.notify_all()
 
     def _start_lease_epoch(self) -> None:
         """The path becomes leased: a new epoch, every permit in the pool but for the requests in
@@ -642,7 +640,7 @@ class ControlActor:
                 continue
             in_flight.leave()
             if fast.epoch != self._lease_epoch:
-                self._carried_left()  # (a permit of this epoch stays with its replica)
+                self._slot_back(None)  # (a permit of this epoch stays with its replica)
         # Told by a replica that died before they were in: nothing more of them will come.
         with self._lock:
             orphans = [key for key in begun if key[0] in self._dead]
@@ -653,7 +651,7 @@ class ControlActor:
                 continue
             self.state.finish(fast.entry_id, None, None, outcome="lost", leave=fast.admitted)
             if fast.admitted and fast.epoch != self._lease_epoch:
-                self._carried_left()
+                self._slot_back(None)
 
     def _close_fast_path(self) -> None:
         with self._signal_cond:
@@ -666,7 +664,7 @@ class ControlActor:
 
     def _open_fast_path_if_allowed(self) -> None:
         mode = self._mode_allowed()
-        matches = tuple(rule.spec.match for rule in self.state.fault_rules())
+        matches = self._rule_matches()
         if mode == self._mode and matches == self._matches:
             return
         if mode == "leased" and self._mode != "leased":
@@ -766,7 +764,7 @@ class ControlActor:
                 self.state.leave()
                 if fast.epoch != self._lease_epoch:  # (one of this epoch's is counted in leased)
                     held += 1
-                    self._carried_left()
+                    self._slot_back(None)
         if how != "stopped" or held or lost:
             self.state.journal.note_event(
                 f"replica {key} {how}; {len(lost)} request(s) it was serving lost, "
@@ -915,11 +913,6 @@ class FastPath:
         self._wake = threading.Event()
         for target, name in ((self._poll, "fleet-fast-poll"), (self._tell_often, "fleet-fast-tell")):
             threading.Thread(target=target, name=name, daemon=True).start()
-
-    @property
-    def fast(self) -> bool:
-        """Whether this replica admits by itself now."""
-        return self.mode != "slow"
 
     def admit(self, request: IncomingRequest) -> Admission | None:
         """The request admitted (or refused by the cap) here, under a local id, with the fault
