@@ -146,15 +146,8 @@ def test_a_rule_and_a_cap_together_stay_exact_fleet_wide(fleet: MockSandboxHandl
     ones never reach it, as on one server."""
     fleet.set_capacity(max_in_flight=4)
     rule = fleet.delay(0.01, first=2)
-    barrier = tmp_path / "go"
-    with ThreadPoolExecutor(10) as pool:
-        body = {"code": held_until(barrier, 5), "language": "python"}
-        futures = [pool.submit(post, fleet.url, "/run_code", body) for _ in range(10)]
-        _wait_for(lambda: fleet.stats()["rejected_by_cap"] == 6, 120, "six refusals")
-        assert fleet.stats()["in_flight"] == 4
-        barrier.touch()
-        statuses = sorted(f.result(timeout=120).status_code for f in futures)
-    assert statuses == [200] * 4 + [429] * 6
+    replies = held_past_the_cap(fleet, tmp_path / "go", count=10, cap=4)
+    assert sorted(r.status_code for r in replies) == [200] * 4 + [429] * 6
     [state] = [r for r in fleet.sandbox.fault_rules() if r.id == rule.id]
     assert (state.matched, state.fired) == (4, 2)
     stats = fleet.stats()
@@ -173,17 +166,25 @@ def held_until(barrier: Path, i: int) -> str:
     )
 
 
+def held_past_the_cap(
+    fleet: MockSandboxHandle, barrier: Path, count: int, cap: int
+) -> list[requests.Response]:
+    """``count`` held programs at once against a cap of ``cap``: once ``cap`` hold their slots
+    and the others are refused (whichever replica took them), the barrier lets them end; every
+    reply, in the order sent."""
+    with ThreadPoolExecutor(count) as pool:
+        body = {"code": held_until(barrier, 7), "language": "python"}
+        futures = [pool.submit(post, fleet.url, "/run_code", body) for _ in range(count)]
+        refused = count - cap
+        _wait_for(lambda: fleet.stats()["rejected_by_cap"] == refused, 120, f"{refused} refusals")
+        assert fleet.stats()["in_flight"] == cap
+        barrier.touch()
+        return [f.result(timeout=120) for f in futures]
+
+
 def test_the_cap_holds_across_replicas(fleet: MockSandboxHandle, tmp_path: Path) -> None:
     fleet.set_capacity(max_in_flight=2)
-    barrier = tmp_path / "go"
-    with ThreadPoolExecutor(12) as pool:
-        body = {"code": held_until(barrier, 7), "language": "python"}
-        futures = [pool.submit(post, fleet.url, "/run_code", body) for _ in range(12)]
-        # Two hold their slots; the ten others are refused, whichever replica took them.
-        _wait_for(lambda: fleet.stats()["rejected_by_cap"] == 10, 120, "ten refusals")
-        assert fleet.stats()["in_flight"] == 2
-        barrier.touch()
-        replies = [f.result(timeout=120) for f in futures]
+    replies = held_past_the_cap(fleet, tmp_path / "go", count=12, cap=2)
     codes = sorted(r.status_code for r in replies)
     assert codes == [200] * 2 + [429] * 10
     assert all(r.headers.get("Retry-After") for r in replies if r.status_code == 429)
