@@ -25,6 +25,7 @@ SERVE_OPTIONS: dict[str, str] = {
     "confinement": "confinement",
     "isolation": "isolation",
     "run_network": "run_network",
+    "run_as": "run_as",
     "run_env_keep": "run_env_keep",
     "exec_mode": "exec_mode",
     "max_output_bytes": "max_output_bytes",
@@ -200,6 +201,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-network",
         choices=["private", "host"],
         help="a lite run's network (default private: its own loopback only; host: the host's network)",
+    )
+    serve.add_argument(
+        "--run-as",
+        choices=["auto", "user", "root"],
+        help="who a lite run is on the host (default auto: an unprivileged uid, root only in a user "
+        "namespace of its own, where this host allows it; user: that or do not start; root: the host's root)",
     )
     serve.add_argument(
         "--run-env-keep",

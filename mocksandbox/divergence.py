@@ -36,6 +36,8 @@ SANDBOXFUSION_READER_PAUSE_BYTES = 2 * 64 * 1024
 #: Kinds of divergence (the part of a note before the first ``:``; stats count by kind).
 OUTPUT = "output"
 TOOLCHAIN = "toolchain"
+#: A protection of the run's world that was asked for (``auto``) and this host could not give.
+ISOLATION = "isolation"
 
 _notes: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
     "mocksandbox_divergences", default=None

@@ -65,6 +65,13 @@ class Settings(BaseModel):
     #: The network of a ``lite`` run: ``private`` (its own loopback only: nothing of the host, this
     #: server included, nor beyond) or ``host`` (the host's network, for programs that must reach it).
     run_network: Literal["private", "host"] = "private"
+    #: Who a ``lite`` run is on the host. ``user``: an unprivileged uid of a range reserved for this
+    #: server, root only inside a user namespace of its own (``id`` says 0 there; the host's files
+    #: keep their owners in its view), so that the kernel's own permission checks stand behind every
+    #: namespace and mask; the server does not start where that cannot be had. ``root``: the host's
+    #: root with fewer capabilities (what ``lite`` was before). ``auto``: ``user`` where this host
+    #: allows it, else ``root`` with a warning at start-up and a note beside every answer.
+    run_as: Literal["auto", "user", "root"] = "auto"
     #: Environment variables passed to runs although their names look like credentials (names
     #: with TOKEN, SECRET, PASSWORD, API_KEY, ... and cloud prefixes are left out otherwise; in the
     #: environment, ``,``-separated).

@@ -69,6 +69,10 @@ class Confinement(Protocol):
 
     def new_jail(self) -> RunJail: ...
 
+    def delegate_runs_to(self, uid: int | None, gid: int | None) -> None:
+        """Runs are this host uid and gid (``None``: the server's user): a run's first process,
+        which joins its confinement itself, must be let in."""
+
     def describe(self) -> str: ...
 
     def close(self) -> None: ...
@@ -127,6 +131,7 @@ class CgroupJail:
         max_memory_bytes: int,
         release: Callable[[CgroupJail, bool], None],
         warm_procs_file: str | None = None,
+        owner: tuple[int, int] | None = None,
     ) -> None:
         self._dirs = dirs
         self.warm_procs_file = warm_procs_file
@@ -134,6 +139,10 @@ class CgroupJail:
         self._closed = False
         for directory in dirs.values():
             directory.mkdir()
+            if owner is not None:
+                # The run's first process writes its own pid here, as the runs' uid: only this
+                # file is theirs (the limits stay root's).
+                os.chown(directory / "cgroup.procs", *owner)
         _write(dirs["pids"] / "pids.max", str(max_processes))
         _set_memory_limit(dirs["memory"], max_memory_bytes)
         self.procs_files = [str(d / "cgroup.procs") for d in dirs.values()]
@@ -324,6 +333,8 @@ class CgroupConfinement:
         #: How many jails were retired because they did not drain in time (still charged or busy).
         self.retired = 0
         self._closing = False
+        #: ``(uid, gid)`` runs are on the host, when not the server's user.
+        self._owner: tuple[int, int] | None = None
         self._parents: dict[str, Path] = {}
         # Several sandboxes may live in one process (tests, fixtures): each gets its own groups.
         self._instance = next(_INSTANCES)
@@ -363,8 +374,21 @@ class CgroupConfinement:
             run = f"run-{next(self._counter)}"
         dirs = {c: self._parents[c] / run for c in _CONTROLLERS}
         return CgroupJail(
-            dirs, self.max_processes, self.max_memory_bytes, self._take_back, self._warm_procs_file
+            dirs,
+            self.max_processes,
+            self.max_memory_bytes,
+            self._take_back,
+            self._warm_procs_file,
+            self._owner,
         )
+
+    def delegate_runs_to(self, uid: int | None, gid: int | None) -> None:
+        with self._lock:
+            self._owner = None if uid is None or gid is None else (uid, gid)
+            # Jails made for another owner are not reused.
+            stale, self._idle = self._idle, []
+        for jail in stale:
+            jail.remove()
 
     def _take_back(self, jail: CgroupJail, drained: bool) -> None:
         """Keep an emptied jail for reuse (making and removing three cgroups per run costs more
@@ -453,6 +477,9 @@ class ProcessGroupConfinement:
 
     def new_jail(self) -> ProcessGroupJail:
         return ProcessGroupJail()
+
+    def delegate_runs_to(self, uid: int | None, gid: int | None) -> None:
+        return None  # nothing to let them into
 
     def describe(self) -> str:
         return "process group per run (no cgroups: fork bombs and memory are bounded only by rlimits)"

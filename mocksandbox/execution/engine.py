@@ -22,18 +22,23 @@ from mocksandbox.execution.languages import (
     LanguageSpec,
     find_scala_object_name,
 )
-from mocksandbox.execution.launcher import Launcher
+from mocksandbox.execution.launcher import Launcher, LauncherError
 from mocksandbox.execution.process import CommandSpec, ProcessRunner
+from mocksandbox.execution.syscall_filter import FilterUnavailable, compile_run_filter
 from mocksandbox.execution.workdirs import WorkdirPool
 from mocksandbox.execution.world import (
     KEPT_CAPABILITIES,
+    RUN_UID_COUNT,
     HostWorkspace,
     Isolation,
     LayeredWorkspace,
     RunsRoot,
     hidden_credential_paths,
+    hidden_system_secrets,
     is_credential_variable,
     lite_unavailable_reason,
+    reserve_run_uids,
+    run_as_user_unavailable_reason,
     server_private_prefixes,
 )
 from mocksandbox.models import (
@@ -132,6 +137,8 @@ class ExecutionEngine:
         self.confinement_name = confinement_name
         #: What a run can see and touch (``world.py``); none: the host's files, processes, network.
         self.isolation = isolation if isolation is not None else Isolation("none")
+        #: What ``auto`` could not give on this host: noted beside every answer.
+        self._missing_protections = self.isolation.missing()
         #: The tmpfs holding each request's layers under isolation lite, else ``None``.
         self.runs_root = runs_root
         #: What each run's world is made of under isolation lite (the relays' config; Jupyter
@@ -169,6 +176,8 @@ class ExecutionEngine:
         response = RunCodeResponse(
             status=RunStatus.Success, message="", executor_pod_name=self.settings.pod_name
         )
+        for missing in self._missing_protections:
+            divergence.note(divergence.ISOLATION, f"this run had {missing}")
         try:
             spec = LANGUAGES[request.language]
             compile_result, run_result, files = self._run(spec, request)
@@ -285,7 +294,8 @@ class ExecutionEngine:
         try:
             result = self.runner.run(
                 CommandSpec(
-                    command="echo $$ world",
+                    # Its pid (1 of its own PID namespace's, or close), and which host uid its root is.
+                    command="echo $$ $(cat /proc/self/uid_map) world",
                     cwd=workspace.cwd,
                     env=self._base_env,
                     stdin=None,
@@ -301,6 +311,12 @@ class ExecutionEngine:
             raise IsolationError(cause[-1] if cause else "the start-up run failed")
         if words[0] == str(os.getpid()) or not words[0].isdigit() or int(words[0]) > 64:
             raise IsolationError(f"the start-up run was not in a PID namespace of its own (pid {words[0]})")
+        run_uid = self.isolation.run_uid
+        host_root = words[1:3] if len(words) >= 4 else []
+        if run_uid is not None and host_root != ["0", str(run_uid)]:
+            raise IsolationError(
+                f"the start-up run's root was not uid {run_uid} on the host (uid map {host_root})"
+            )
 
     def new_workspace(self) -> HostWorkspace | LayeredWorkspace:
         """One request's files: a temp dir on the host, or (isolation lite) layers of its own."""
@@ -480,43 +496,46 @@ def _start_engine(
     settings: Settings, confinement: Confinement, env: dict[str, str]
 ) -> tuple[ExecutionEngine, Confinement, Launcher]:
     """The launcher and engine, with the isolation ``settings`` ask for where this host allows it;
-    ``auto`` proves ``lite`` with one real run before choosing it."""
+    ``auto`` proves ``lite`` with one real run before choosing it, and ``run_as: auto`` an
+    unprivileged uid for runs before settling for the host's root."""
     hidden_variables = tuple(
         sorted(k for k in os.environ if is_credential_variable(k) and k not in settings.run_env_keep)
     )
     reason = lite_unavailable_reason(confinement.name) if settings.isolation != "none" else "asked for"
     if settings.isolation == "lite" and reason is not None:
         raise IsolationError(f"isolation lite is not available here: {reason}")
+    if settings.run_as == "user" and reason is not None:
+        why = (
+            "isolation none was asked for"
+            if settings.isolation == "none"
+            else f"isolation lite is not available here: {reason}"
+        )
+        raise IsolationError(f"runs cannot be an unprivileged user: {why}")
     if reason is None:
-        runs_root: RunsRoot | None = None
-        launcher: Launcher | None = None
-        try:
-            runs_root = RunsRoot(settings.tmp_root or tempfile.gettempdir())
-            hidden = tuple(_hidden_paths(settings))
-            hidden_prefixed = server_private_prefixes(settings.tmp_root)
-            world = {
-                "scratch": runs_root.scratch,
-                "network": settings.run_network,
-                "hide": list(hidden),
-                "hide_prefixed": [list(pair) for pair in hidden_prefixed],
-                "keep_caps": list(KEPT_CAPABILITIES),
-            }
-            launcher = Launcher(settings.python, env, world)
-            launcher.after_close.append(runs_root.close)
-            launcher.start()
-            isolation = Isolation("lite", settings.run_network, "", hidden, hidden_variables, hidden_prefixed)
-            runner = ProcessRunner(confinement, launcher, settings.max_output_bytes)
-            engine = ExecutionEngine(settings, runner, confinement.describe(), isolation, runs_root, world)
-            engine.prove_isolation()
-            return engine, confinement, launcher
-        except (OSError, IsolationError) as exc:
-            if launcher is not None:
-                launcher.close()
-            if runs_root is not None:
-                runs_root.close()
-            if settings.isolation == "lite":
-                raise IsolationError(f"isolation lite does not work here: {exc}") from None
-            reason = f"lite failed its start-up run: {exc}"
+        run_as_reason = ""
+        as_user = settings.run_as != "root"
+        if as_user:
+            unavailable = run_as_user_unavailable_reason()
+            if unavailable is not None:
+                if settings.run_as == "user":
+                    raise IsolationError(f"runs cannot be an unprivileged user here: {unavailable}")
+                as_user, run_as_reason = False, unavailable
+        while True:
+            try:
+                engine, launcher = _start_lite(
+                    settings, confinement, env, hidden_variables, as_user, run_as_reason
+                )
+                return engine, confinement, launcher
+            except (OSError, IsolationError, LauncherError) as exc:
+                if as_user and settings.run_as == "auto":
+                    # The world without a user namespace of its own may still be had.
+                    as_user, run_as_reason = False, f"an unprivileged uid failed its start-up run: {exc}"
+                    continue
+                after = f" (after {run_as_reason})" if run_as_reason else ""
+                if settings.isolation == "lite" or settings.run_as == "user":
+                    raise IsolationError(f"isolation lite does not work here: {exc}{after}") from None
+                reason = f"lite failed its start-up run: {exc}{after}"
+                break
     launcher = Launcher(settings.python, env)
     launcher.start()
     runner = ProcessRunner(confinement, launcher, settings.max_output_bytes)
@@ -525,14 +544,90 @@ def _start_engine(
     return ExecutionEngine(settings, runner, confinement.describe(), isolation), confinement, launcher
 
 
+def _start_lite(
+    settings: Settings,
+    confinement: Confinement,
+    env: dict[str, str],
+    hidden_variables: tuple[str, ...],
+    as_user: bool,
+    run_as_reason: str,
+) -> tuple[ExecutionEngine, Launcher]:
+    """The launcher and engine of isolation ``lite``, proved by one real run; runs are an
+    unprivileged host uid when ``as_user``. Raises (and leaves nothing behind) where it fails."""
+    runs_root: RunsRoot | None = None
+    launcher: Launcher | None = None
+    try:
+        tmp_root = settings.tmp_root or tempfile.gettempdir()
+        runs_root = RunsRoot(tmp_root)
+        hidden = tuple(_hidden_paths(settings))
+        hidden_prefixed = server_private_prefixes(settings.tmp_root)
+        world: dict[str, Any] = {
+            "scratch": runs_root.scratch,
+            "network": settings.run_network,
+            "hide": list(hidden),
+            "hide_prefixed": [list(pair) for pair in hidden_prefixed],
+            "keep_caps": list(KEPT_CAPABILITIES),
+        }
+        filter_reason = ""
+        try:
+            world["syscall_filter"] = base64.b64encode(compile_run_filter()).decode("ascii")
+        except FilterUnavailable as exc:
+            filter_reason = str(exc)
+        run_uid: int | None = None
+        if as_user:
+            run_uid = reserve_run_uids()
+            world["userns"] = {"uid": run_uid, "gid": run_uid, "count": RUN_UID_COUNT}
+            world["mapped_roots"] = _mapped_roots(settings, runs_root.path, tmp_root)
+            confinement.delegate_runs_to(run_uid, run_uid)
+        launcher = Launcher(settings.python, env, world)
+        launcher.after_close.append(runs_root.close)
+        launcher.start()
+        isolation = Isolation(
+            "lite",
+            settings.run_network,
+            "",
+            hidden,
+            hidden_variables,
+            hidden_prefixed,
+            run_uid,
+            run_as_reason,
+            syscall_filter="syscall_filter" in world,
+            syscall_filter_reason=filter_reason,
+        )
+        runner = ProcessRunner(confinement, launcher, settings.max_output_bytes)
+        engine = ExecutionEngine(settings, runner, confinement.describe(), isolation, runs_root, world)
+        engine.prove_isolation()
+        return engine, launcher
+    except BaseException:
+        if launcher is not None:
+            launcher.close()
+        if runs_root is not None:
+            runs_root.close()
+        confinement.delegate_runs_to(None, None)
+        raise
+
+
+def _mapped_roots(settings: Settings, runs_root: str, tmp_root: str) -> list[str]:
+    """The host dirs runs in a user namespace of their own write in, each mapped to them whole
+    (``forkserver._RunUsers``): the runs' layers, and where sessions keep theirs and their dirs.
+    Outermost first: a relay mounts them over the host's in this order."""
+    roots = {os.path.realpath(runs_root), os.path.realpath(tmp_root)}
+    if settings.state_dir:
+        state_dir = os.path.realpath(os.path.expanduser(settings.state_dir))
+        if not any(state_dir == root or state_dir.startswith(root + "/") for root in roots):
+            os.makedirs(state_dir, exist_ok=True)
+            roots.add(state_dir)
+    return sorted(roots, key=lambda root: (root.count("/"), root))
+
+
 class IsolationError(RuntimeError):
     """The isolation asked for cannot be had on this host; the message says why."""
 
 
 def _hidden_paths(settings: Settings) -> list[str]:
     """What a run must find empty: the server user's credentials and the server's own state."""
-    paths = hidden_credential_paths()
+    paths = [*hidden_system_secrets(), *hidden_credential_paths()]
     for path in (settings.state_dir, settings.replay_file):
         if path:
             paths.append(os.path.abspath(path))
-    return paths
+    return list(dict.fromkeys(paths))

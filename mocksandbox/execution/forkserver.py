@@ -29,10 +29,11 @@ reaps them the moment they die. Otherwise they would go to the machine's init, w
 time, and until then every zombie still counts against the ``pids.max`` of the run's cgroup and of
 every cgroup above it, the server's own included.
 
-With ``--world=<json>`` (isolation lite, see ``world.py``), a run whose request carries ``world``
-(its layers) is sent to a relay that lives in namespaces of its own, as PID 1 of its own PID
-namespace: the relay mounts the run's overlay root before the fork and the program enters it (see
-"a run's world" below). Such relays serve only such runs; the others go to plain relays.
+With ``--world-fd=<fd>`` (its JSON on that pipe; isolation lite, see ``world.py``), a run whose
+request carries ``world`` (its layers) is sent to a relay that lives in namespaces of its own, as
+PID 1 of its own PID namespace: the relay mounts the run's overlay root before the fork and the
+program enters it (see "a run's world" below). Such relays serve only such runs; the others go to
+plain relays.
 
 Why separate processes: the server is multi-threaded and large; forking it per run is slow and
 unsafe, and a program that kills its parent must not kill the server, nor the launcher: it kills
@@ -50,6 +51,7 @@ _BASELINE_MODULES = frozenset(sys.modules)
 import _signal  # noqa: E402
 import _socket  # noqa: E402
 import atexit  # noqa: E402 - kept: a program's exit runs it without importing it again
+import binascii  # noqa: E402
 import fcntl as _fcntl  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
@@ -350,6 +352,19 @@ def _receive(sock: _socket.socket, fd_count: int) -> tuple | None:
     return request, fds
 
 
+def _read_all(fd: int) -> bytes:
+    """Everything written on ``fd`` until its writer closed it; closes it."""
+    chunks = []
+    try:
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+
+
 def _report_launch_error(status_fd: int, error: int | None) -> None:
     try:
         _write_all(status_fd, _STATUS_LAUNCH_ERROR + (error or 0).to_bytes(8, "little", signed=True))
@@ -378,6 +393,7 @@ def _become_subreaper() -> bool:
 # the server made for this request, and the program chroot'ed into it with a reduced capability set.
 
 _CLONE_NEWNS = 0x00020000
+_CLONE_NEWUSER = 0x10000000
 _CLONE_NEWUTS = 0x04000000
 _CLONE_NEWIPC = 0x08000000
 _CLONE_NEWPID = 0x20000000
@@ -390,8 +406,23 @@ _MS_REMOUNT = 32
 _MS_BIND = 4096
 _MS_REC = 16384
 _MS_PRIVATE = 1 << 18
+_MS_SLAVE = 1 << 19
 _MNT_DETACH = 2
+# The new mount API (the same numbers on every architecture): idmapped mounts.
+_SYS_OPEN_TREE = 428
+_SYS_MOVE_MOUNT = 429
+_SYS_MOUNT_SETATTR = 442
+_OPEN_TREE_CLONE = 1
+_AT_FDCWD = -100
+_AT_EMPTY_PATH = 0x1000
+_MOVE_MOUNT_F_EMPTY_PATH = 4
+_MOUNT_ATTR_RDONLY = 0x1
+_MOUNT_ATTR_NOSUID = 0x2
+_MOUNT_ATTR_NODEV = 0x4
+_MOUNT_ATTR_IDMAP = 0x100000
 _PR_CAPBSET_DROP = 24
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
 _CAP_LAST = 63
 _SIOCGIFFLAGS = 0x8913
 _SIOCSIFFLAGS = 0x8914
@@ -466,6 +497,28 @@ class _Syscalls:
     def umount(self, target: str) -> None:
         self._check(self.libc.umount2(target.encode(), _MNT_DETACH), f"umount {target}")
 
+    def idmapped_clone(self, source: str, target: str, userns_fd: int, read_only: bool) -> None:
+        """Mount a copy of the mount at ``source`` (not its submounts) on ``target``, its owners
+        shifted by the user namespace ``userns_fd``'s map: a file the host's uid 0 owns is owned
+        by that namespace's root there, and what its root writes is stored as the host's uid 0."""
+        syscall = self.libc.syscall
+        syscall.restype = ctypes.c_long
+        fd = syscall(_SYS_OPEN_TREE, _AT_FDCWD, source.encode(), _OPEN_TREE_CLONE | os.O_CLOEXEC)
+        if fd < 0:
+            self._check(-1, f"open_tree {source}")
+        try:
+            flags = _MOUNT_ATTR_IDMAP | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV
+            flags |= _MOUNT_ATTR_RDONLY if read_only else 0
+            attr = ctypes.create_string_buffer(
+                b"".join(v.to_bytes(8, sys.byteorder) for v in (flags, 0, 0, userns_fd)), 32
+            )
+            result = syscall(_SYS_MOUNT_SETATTR, fd, b"", _AT_EMPTY_PATH, attr, ctypes.c_size_t(32))
+            self._check(0 if result == 0 else -1, f"an idmapped mount of {source}")
+            result = syscall(_SYS_MOVE_MOUNT, fd, b"", _AT_FDCWD, target.encode(), _MOVE_MOUNT_F_EMPTY_PATH)
+            self._check(0 if result == 0 else -1, f"move_mount {source} to {target}")
+        finally:
+            os.close(fd)
+
     def drop_bounding_set(self, keep: set) -> None:
         for cap in range(_CAP_LAST + 1):
             dropped = cap in keep or self.libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) == 0
@@ -478,10 +531,108 @@ class _Syscalls:
         self._cap_data[0].effective = self._cap_data[0].permitted = low
         self._cap_data[1].effective = self._cap_data[1].permitted = high
 
+    def prepare_filter(self, program: bytes) -> None:
+        """Keep a seccomp filter (classic BPF, from ``mocksandbox/execution/syscall_filter.py``)
+        ready for :meth:`install_filter`: built once, so that a program pays one ``prctl``."""
+        self._filter_code = ctypes.create_string_buffer(program, len(program))
+        # struct sock_fprog: an unsigned short count, then a pointer (aligned).
+        self._filter = ctypes.create_string_buffer(16)
+        ctypes.memmove(self._filter, (len(program) // 8).to_bytes(2, sys.byteorder), 2)
+        pointer = ctypes.addressof(self._filter_code).to_bytes(8, sys.byteorder)
+        ctypes.memmove(ctypes.addressof(self._filter) + 8, pointer, 8)
+
+    def install_filter(self) -> None:
+        """In a forked program, while it may still (CAP_SYS_ADMIN where it is): the filter, for
+        it and everything it starts."""
+        result = self.libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(self._filter), 0, 0)
+        self._check(result, "seccomp")
+
     def reduce_capabilities(self) -> None:
         """In a forked program: effective and permitted down to the kept set, nothing inheritable
         (an ``execve`` gives root the bounding set anyway; a forked Python program execs nothing)."""
         self._check(self._capset(*self._capset_args), "capset")
+
+
+class _RunUsers:
+    """Runs as an unprivileged range of host uids (made once, in the launcher, while it is root).
+
+    A user namespace maps its uids 0..count-1 to the host's ``uid``..``uid``+count-1: a run is root
+    inside it (``id`` says 0, it may do what root may in its own namespaces) and an ordinary user
+    outside, so the kernel's own checks stand behind every namespace and mask (the host's files it
+    does not own, other users' processes, the host's keyrings, every capability over the host).
+
+    The host's files keep their owners in the run's view through idmapped mounts, made here once
+    and copied into every relay's mount namespace: ``<base>/lower``, the root file system read-only
+    (the runs' lowest layer), and ``<base>/m<i>``, each of ``mapped_roots`` (the runs' layers, the
+    sessions' dirs) writable. A file the host's root owns is the run's root's there, and what the
+    run writes is stored as the host's root's, so the server reads and removes it as before.
+
+    The launcher first moves into a mount namespace of its own (a slave of the host's, so that
+    later mounts of the host still reach its plain runs): none of this is ever seen on the host.
+    """
+
+    def __init__(self, config: dict, calls: _Syscalls) -> None:
+        users = config["userns"]
+        self.uid, self.gid, self.count = users["uid"], users["gid"], users["count"]
+        calls.unshare(_CLONE_NEWNS)
+        calls.mount(None, "/", None, _MS_REC | _MS_SLAVE)
+        self.userns = self._make_namespace(calls)
+        base = config["scratch"]
+        calls.mount("tmpfs", base, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=64k")
+        os.mkdir(base + "/lower", 0o755)
+        calls.idmapped_clone("/", base + "/lower", self.userns, read_only=True)
+        for index, root in enumerate(config["mapped_roots"]):
+            os.mkdir(f"{base}/m{index}", 0o755)
+            calls.idmapped_clone(root, f"{base}/m{index}", self.userns, read_only=False)
+        self.base = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def _make_namespace(self, calls: _Syscalls) -> int:
+        """A user namespace with the run's map (a child makes it, the launcher maps it and keeps
+        a descriptor of it; the child then leaves)."""
+        made_r, made_w = os.pipe()
+        done_r, done_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(made_r)
+                os.close(done_w)
+                calls.unshare(_CLONE_NEWUSER)
+                os.write(made_w, b"u")
+                os.read(done_r, 1)  # until the launcher has its descriptor
+            finally:
+                os._exit(0)
+        os.close(made_w)
+        os.close(done_r)
+        try:
+            if os.read(made_r, 1) != b"u":
+                raise OSError(1, "cannot make a user namespace here")  # EPERM
+            _write_text(f"/proc/{pid}/uid_map", f"0 {self.uid} {self.count}\n")
+            _write_text(f"/proc/{pid}/gid_map", f"0 {self.gid} {self.count}\n")
+            return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+        finally:
+            os.close(done_w)
+            os.close(made_r)
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+
+    def become_root(self, calls: _Syscalls) -> None:
+        """In a new relay: into the runs' user namespace as its root, then into a new PID namespace
+        for the relay's own child (that namespace belongs to the user namespace: the relay may mount
+        its /proc). The working directory is the base: the relay finds the mounts there."""
+        os.fchdir(self.base)
+        calls.setns(self.userns, _CLONE_NEWUSER)
+        os.setgroups([])
+        os.setresgid(0, 0, 0)
+        os.setresuid(0, 0, 0)
+        calls.unshare(_CLONE_NEWPID)
+
+
+#: Set in the launcher when runs are an unprivileged user (``--world`` with ``userns``).
+_USERS = None
+#: Why that could not be made: every run that asks for a world is then refused with it.
+_USERS_ERROR = None
 
 
 class _World:
@@ -493,17 +644,34 @@ class _World:
         self.root = self.scratch + "/root"
         self.mask = self.scratch + "/mask"
         self.mounted = False
+        #: In a user namespace of the runs' own (see _RunUsers), else the host's root.
+        self.users = config.get("userns") is not None
+        #: Where the host's root file system is seen as the runs see it (their lowest layer): the
+        #: idmapped copy in a user namespace (there the host's own "/" shows its root's files as
+        #: nobody's), else "/" itself.
+        self.host = self.scratch + "/host" if self.users else ""
+        #: The xattrs overlayfs keeps its marks in (a user namespace may only write user.*).
+        self.opaque_xattr = "user.overlay.opaque" if self.users else "trusted.overlay.opaque"
         private_network = config.get("network", "private") == "private"
         flags = _CLONE_NEWNS | _CLONE_NEWIPC | _CLONE_NEWUTS | (_CLONE_NEWNET if private_network else 0)
         calls.unshare(flags)
         calls.mount(None, "/", None, _MS_REC | _MS_PRIVATE)
         # This PID namespace's own /proc (the relay is its PID 1).
         calls.mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+        if self.users:
+            # The idmapped copies (in the base, our working directory) over the host dirs they
+            # copy: the runs' layers and the sessions' dirs are then the run's own at their paths.
+            for index, root in enumerate(config["mapped_roots"]):
+                calls.mount(f"m{index}", root, None, _MS_BIND)
         if private_network:
             self._loopback_up()
             # No TIME_WAIT sockets: a run that binds the port an earlier run of this relay served on
             # (without SO_REUSEADDR, as socketserver.TCPServer does) must not find it taken.
-            _write_text("/proc/sys/net/ipv4/tcp_max_tw_buckets", "0")
+            try:
+                _write_text("/proc/sys/net/ipv4/tcp_max_tw_buckets", "0")
+            except OSError:
+                if not self.users:
+                    raise
         # Kernel tunables and the magic SysRq key stay out of reach of a root program.
         calls.mount("/proc/sys", "/proc/sys", None, _MS_BIND | _MS_REC)
         read_only = _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
@@ -513,7 +681,19 @@ class _World:
         calls.mount("tmpfs", self.scratch, "tmpfs", _MS_NOSUID, "mode=0700,size=8m")
         for name in ("mask", "sys", "pts", "root"):
             os.mkdir(self.scratch + "/" + name, 0o755)
-        calls.mount("sysfs", self.scratch + "/sys", "sysfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+        if self.users:
+            os.mkdir(self.host, 0o755)
+            calls.mount("lower", self.host, None, _MS_BIND)
+        read_only_sys = _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+        try:
+            calls.mount("sysfs", self.scratch + "/sys", "sysfs", read_only_sys)
+        except OSError:
+            if not self.users:
+                raise
+            # A user namespace may mount a sysfs only with a network namespace of its own (not so
+            # with run_network: host): the host's, read-only.
+            calls.mount("/sys", self.scratch + "/sys", None, _MS_BIND | _MS_REC)
+            calls.mount(None, self.scratch + "/sys", None, _MS_BIND | _MS_REMOUNT | read_only_sys)
         try:
             pts_options = "newinstance,ptmxmode=0666,mode=0620"
             calls.mount("devpts", self.scratch + "/pts", "devpts", _MS_NOSUID | _MS_NOEXEC, pts_options)
@@ -528,6 +708,10 @@ class _World:
         self.keep_caps = set(config["keep_caps"])
         calls.drop_bounding_set(self.keep_caps)
         calls.prepare_capabilities(self.keep_caps)
+        #: The runs' seccomp filter (``syscall_filter.py``), if the server has one.
+        self.filtered = config.get("syscall_filter") is not None
+        if self.filtered:
+            calls.prepare_filter(binascii.a2b_base64(config["syscall_filter"]))
         # A handler, not the default action: a namespace's PID 1 drops signals it has none for.
         _signal.signal(_signal.SIGIO, _end_the_run)
 
@@ -556,21 +740,33 @@ class _World:
             if parent != path:
                 self._mask_dir(parent, False)
             if not os.path.isdir(target):
-                info = os.stat(path) if os.path.isdir(path) else None
+                info = os.stat(self.host + path) if os.path.isdir(self.host + path) else None
                 os.mkdir(target)
                 if info is not None:
                     os.chmod(target, info.st_mode & 0o7777)
-                    os.chown(target, info.st_uid, info.st_gid)
+                    self._chown(target, info.st_uid, info.st_gid)
         if opaque:
-            os.setxattr(target, "trusted.overlay.opaque", b"y")
+            os.setxattr(target, self.opaque_xattr, b"y")
         return target
+
+    @staticmethod
+    def _chown(path: str, uid: int, gid: int) -> None:
+        try:
+            os.chown(path, uid, gid)
+        except OSError:
+            pass  # an owner the runs' user namespace does not map (its root's, then)
 
     def _build_mask(self, hidden: list) -> None:
         """The layer between each run's upper layer and the host: a /dev of harmless devices, and
         every hidden path (secrets, the server's state) present but empty."""
         dev = self._mask_dir("/dev", True)
         for name, major, minor in _DEVICES:
-            os.mknod(dev + "/" + name, 0o666 | 0o020000, os.makedev(major, minor))
+            if self.users:
+                # No device nodes in a user namespace (nor could a run open them on a file system
+                # mounted there): the host's own are bound on these for each run.
+                os.close(os.open(dev + "/" + name, os.O_WRONLY | os.O_CREAT, 0o666))
+            else:
+                os.mknod(dev + "/" + name, 0o666 | 0o020000, os.makedev(major, minor))
             os.chmod(dev + "/" + name, 0o666)
         for name, target in _DEV_LINKS:
             os.symlink(target, dev + "/" + name)
@@ -583,7 +779,7 @@ class _World:
     def _mask_path(self, path: str) -> bool:
         """``path`` made present but empty in the mask layer; whether there was one to hide."""
         try:
-            info = os.lstat(path)
+            info = os.lstat(self.host + path)
         except OSError:
             return False  # nothing there to hide (a run may make it, in its own layer)
         if info.st_mode & 0o170000 == 0o040000:  # a dir
@@ -592,7 +788,7 @@ class _World:
             self._mask_dir(os.path.dirname(path), False)
             fd = os.open(self.mask + path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, info.st_mode & 0o7777)
             os.close(fd)
-            os.chown(self.mask + path, info.st_uid, info.st_gid)
+            self._chown(self.mask + path, info.st_uid, info.st_gid)
         return True
 
     def refresh_mask(self) -> None:
@@ -602,14 +798,14 @@ class _World:
         dir is listed again only when its mtime says that its entries changed."""
         for directory, prefix in self.hidden_prefixes:
             try:
-                changed = os.stat(directory).st_mtime_ns
+                changed = os.stat(self.host + directory).st_mtime_ns
             except OSError:
                 continue
             if self._scanned.get(directory) == changed:
                 continue
             self._scanned[directory] = changed
             try:
-                names = {n for n in os.listdir(directory) if n.startswith(prefix)}
+                names = {n for n in os.listdir(self.host + directory) if n.startswith(prefix)}
             except OSError:
                 continue
             masked = self._masked.setdefault(directory, set())
@@ -630,17 +826,23 @@ class _World:
         if self.mounted:  # the last run's, if its unmount failed
             self.unmount_run()
         self.refresh_mask()
-        lowers = ":".join([*world["lowers"], self.mask, "/"])
+        lowers = ":".join([*world["lowers"], self.mask, self.host or "/"])
         # No redirects, no index: what the server reads back through the layers (world.py) only
-        # has whiteouts and opaque dirs to follow.
+        # has whiteouts and opaque dirs to follow. (In a user namespace overlayfs keeps its marks
+        # in user.* xattrs, and "off" would still follow redirects there: "nofollow".)
         options = f"lowerdir={lowers},upperdir={world['upper']},workdir={world['work']}"
-        options += ",redirect_dir=off,index=off"
+        options += (
+            ",userxattr,redirect_dir=nofollow,index=off" if self.users else ",redirect_dir=off,index=off"
+        )
         self.calls.mount("overlay", self.root, "overlay", 0, options)
         self.mounted = True
         self.calls.mount("/proc", self.root + "/proc", None, _MS_BIND | _MS_REC)
-        self.calls.mount(self.scratch + "/sys", self.root + "/sys", None, _MS_BIND)
+        self.calls.mount(self.scratch + "/sys", self.root + "/sys", None, _MS_BIND | _MS_REC)
         if self.has_pts:
             self.calls.mount(self.scratch + "/pts", self.root + "/dev/pts", None, _MS_BIND)
+        if self.users:
+            for name, _, _ in _DEVICES:
+                self.calls.mount("/dev/" + name, self.root + "/dev/" + name, None, _MS_BIND)
         # Host dirs the run works in, in place (a swedev session's /workspace and /tmp): their
         # mount points are made in the run's upper layer.
         for source, target in world.get("binds", ()):
@@ -660,6 +862,8 @@ class _World:
         _signal.signal(_signal.SIGIO, _signal.SIG_DFL)  # the relay's, not the program's
         os.chroot(self.root)
         os.chdir(cwd)
+        if self.filtered:
+            self.calls.install_filter()
         self.calls.reduce_capabilities()
 
     # The relay is PID 1 of the run's namespace: the run's orphans come to it, and each one that
@@ -1003,6 +1207,8 @@ def _serve(sock: _socket.socket) -> None:
     warmer = _CgroupLockWarmer()
     # With worlds, each relay is the first process of a PID namespace of its own.
     own_pid_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC) if _WORLD_CONFIG else None
+    if _USERS is not None:
+        own_pid_namespace = _USERS
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLIN)
     poller.register(ran_r, select.POLLIN)
@@ -1033,10 +1239,24 @@ def _serve(sock: _socket.socket) -> None:
             request, fds = received
             if request is None:
                 continue
+            in_world = request.get("world") is not None
+            if in_world and _USERS_ERROR is not None:
+                try:
+                    os.write(fds[2], f"mocksandbox launcher: {_USERS_ERROR}\n".encode())
+                except OSError:
+                    pass
+                _report_launch_error(fds[3], 1)
+                _close_all(fds)
+                continue
             try:
                 # A relay serves runs of one kind: in worlds (it lives in one) or on the host.
-                pid = _fork_relay(own_pid_namespace if request.get("world") is not None else None)
+                pid = _fork_relay(own_pid_namespace if in_world else None)
             except OSError as exc:
+                if in_world:
+                    try:
+                        os.write(fds[2], f"mocksandbox launcher: cannot start a relay: {exc}\n".encode())
+                    except OSError:
+                        pass
                 _report_launch_error(fds[3], exc.errno)
                 _close_all(fds)
                 continue
@@ -1054,11 +1274,37 @@ def _serve(sock: _socket.socket) -> None:
             _close_all(fds)
 
 
-def _fork_relay(own_pid_namespace: int | None) -> int:
+def _fork_relay(own_pid_namespace: "int | _RunUsers | None") -> int:
     """Fork a relay: with worlds, as PID 1 of a new PID namespace (``unshare`` sets where the
-    launcher's next child goes; ``setns`` puts it back, so the launcher itself never moves)."""
+    launcher's next child goes; ``setns`` puts it back, so the launcher itself never moves).
+    With the runs' own user namespace (``_RunUsers``), a child joins it and forks the relay there,
+    then leaves: the relay's PID namespace must belong to that user namespace."""
     if own_pid_namespace is None:
         return os.fork()
+    if isinstance(own_pid_namespace, _RunUsers):
+        # The child says on this pipe why it could not start the relay (an errno), or closes it.
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(read_end)
+            try:
+                own_pid_namespace.become_root(_SYSCALLS)
+                relay = os.fork()
+            except BaseException as exc:
+                os.write(write_end, str(getattr(exc, "errno", 0) or 0).encode())
+                os._exit(1)
+            if relay == 0:
+                os.close(write_end)
+                return 0
+            os._exit(0)
+        os.close(write_end)
+        try:
+            said = os.read(read_end, 64)
+        finally:
+            os.close(read_end)
+        if said:
+            raise OSError(int(said), "cannot start a relay in the runs' user namespace")
+        return pid
     _SYSCALLS.unshare(_CLONE_NEWPID)
     try:
         pid = os.fork()
@@ -1080,7 +1326,14 @@ if __name__ == "__main__":
     for option in sys.argv[2:]:
         if option.startswith("--cpus="):
             _PROGRAM_CPUS = {int(cpu) for cpu in option.removeprefix("--cpus=").split(",")}
-        elif option.startswith("--world="):
-            _WORLD_CONFIG = json.loads(option.removeprefix("--world="))
+        elif option.startswith("--world-fd="):
+            # On a pipe, not on the command line: a program must not read in its /proc/self/cmdline
+            # (the launcher's, for a forked one) what is hidden from it.
+            _WORLD_CONFIG = json.loads(_read_all(int(option.removeprefix("--world-fd="))))
             _SYSCALLS = _Syscalls()
+            if _WORLD_CONFIG.get("userns") is not None:
+                try:
+                    _USERS = _RunUsers(_WORLD_CONFIG, _SYSCALLS)
+                except OSError as exc:
+                    _USERS_ERROR = f"cannot make the runs' user namespace: {exc}"
     _serve(_socket.socket(fileno=int(sys.argv[1])))

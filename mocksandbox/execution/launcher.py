@@ -48,15 +48,26 @@ class Launcher:
     def _start(self) -> socket.socket:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         argv = [self.python, str(FORKSERVER_SCRIPT), str(theirs.fileno())]
+        pass_fds = [theirs.fileno()]
         cpus = program_cpus()
         if cpus is not None:  # a worker kept to its share: the programs get every core back
             argv.append(f"--cpus={format_cpus(cpus)}")
+        world_read: int | None = None
         if self.world is not None:
-            argv.append(f"--world={json.dumps(self.world)}")
+            # On a pipe rather than the command line, which every forked program would show.
+            world_read, world_write = os.pipe()
+            try:
+                with open(world_write, "wb") as stream:  # closes it: the launcher reads to the end
+                    stream.write(json.dumps(self.world).encode())
+            except BaseException:
+                os.close(world_read)
+                raise
+            argv.append(f"--world-fd={world_read}")
+            pass_fds.append(world_read)
         try:
             self._proc = subprocess.Popen(
                 argv,
-                pass_fds=[theirs.fileno()],
+                pass_fds=pass_fds,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 env=self.env,
@@ -68,6 +79,8 @@ class Launcher:
             raise LauncherError(f"cannot start the launcher with {self.python}: {exc}") from exc
         finally:
             theirs.close()
+            if world_read is not None:
+                os.close(world_read)
         self._sock = ours
         return ours
 

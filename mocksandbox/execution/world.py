@@ -131,6 +131,29 @@ def without_credentials(environ: Mapping[str, str], keep: list[str] | tuple[str,
     return {k: v for k, v in environ.items() if k in kept or not is_credential_variable(k)}
 
 
+#: The host's own secrets. A run whose world shows the host's root's files as its root's (a user
+#: namespace with idmapped layers) could read them like the host's root: the mask is what keeps them.
+SYSTEM_SECRET_PATTERNS = (
+    "/etc/shadow",
+    "/etc/shadow-",
+    "/etc/gshadow",
+    "/etc/gshadow-",
+    "/etc/security/opasswd",
+    "/etc/ssh/ssh_host_*_key",
+    "/etc/ssl/private",
+)
+
+
+def hidden_system_secrets() -> list[str]:
+    """The host's secrets (:data:`SYSTEM_SECRET_PATTERNS`) that exist here."""
+    import glob
+
+    found: list[str] = []
+    for pattern in SYSTEM_SECRET_PATTERNS:
+        found += sorted(path for path in glob.glob(pattern) if os.path.lexists(path))
+    return found
+
+
 def hidden_credential_paths(home: str | None = None) -> list[str]:
     """The credential paths of the server's user that exist here."""
     home = home if home is not None else os.path.expanduser("~")
@@ -151,6 +174,13 @@ class Isolation:
     #: ``(dir, prefix)``: entries of ``dir`` whose names start with ``prefix`` are hidden too, as
     #: they come and go (what servers keep in their temp roots).
     hidden_prefixed: tuple[tuple[str, str], ...] = ()
+    #: The host uid a run's root is (its user namespace maps 0 to it), or ``None``: the host's root.
+    run_uid: int | None = None
+    #: Why runs are the host's root although ``run_as: auto`` asked for less, else empty.
+    run_as_reason: str = ""
+    #: Whether runs start under the seccomp filter (``syscall_filter.py``), and if not, why.
+    syscall_filter: bool = False
+    syscall_filter_reason: str = ""
 
     def describe(self) -> str:
         if self.mode == "none":
@@ -159,8 +189,29 @@ class Isolation:
         network = "own loopback only" if self.network == "private" else "the host's network"
         return (
             "lite: every run in a world of its own (copy-on-write files, own PID, IPC and UTS "
-            f"namespaces; network: {network})"
+            f"namespaces; network: {network}); {self.describe_user()}"
         )
+
+    def missing(self) -> list[str]:
+        """The protections ``auto`` asked for and this host did not give, each with why: said at
+        start-up and beside every answer (DESIGN seam 10)."""
+        missing: list[str] = []
+        if self.mode == "none" and self.reason:
+            missing.append(f"no world of its own per run ({self.reason})")
+        if self.mode == "lite" and self.run_uid is None and self.run_as_reason:
+            missing.append(f"runs are the host's root ({self.run_as_reason})")
+        if self.mode == "lite" and not self.syscall_filter and self.syscall_filter_reason:
+            missing.append(f"no seccomp filter ({self.syscall_filter_reason})")
+        return missing
+
+    def describe_user(self) -> str:
+        """Who a run is on the host."""
+        if self.mode == "none":
+            return "runs are this server's user"
+        if self.run_uid is not None:
+            return f"runs are uid {self.run_uid} on the host (root only in a user namespace of their own)"
+        because = f" ({self.run_as_reason})" if self.run_as_reason else ""
+        return f"runs are the host's root, with fewer capabilities{because}"
 
     def describe_hidden(self) -> str:
         paths = ", ".join([*self.hidden_paths, *(os.path.join(d, p + "*") for d, p in self.hidden_prefixed)])
@@ -182,6 +233,30 @@ def server_private_prefixes(tmp_root: str | None) -> tuple[tuple[str, str], ...]
     if tmp_root:
         roots.add(os.path.realpath(tmp_root))
     return tuple((root, SERVER_PRIVATE_PREFIX) for root in sorted(roots))
+
+
+#: How many uids a run's user namespace maps (0 is its root; the others are there for programs that
+#: change user, as ``apt`` and ``su`` do).
+RUN_UID_COUNT = 65536
+#: Where the runs' uids are reserved: a block at a random place per server (never derived from a
+#: pid, which repeats in every container), far above any uid a distribution gives its users or
+#: lists in ``/etc/subuid``.
+_RUN_UIDS_FROM = 1 << 30
+_RUN_UIDS_TO = (1 << 31) - RUN_UID_COUNT
+
+
+def reserve_run_uids() -> int:
+    """The first host uid of a block of :data:`RUN_UID_COUNT` for this server's runs."""
+    return secrets.SystemRandom().randrange(_RUN_UIDS_FROM, _RUN_UIDS_TO, RUN_UID_COUNT)
+
+
+def run_as_user_unavailable_reason() -> str | None:
+    """Why runs cannot be an unprivileged uid here (``None``: they may; the start-up run proves it)."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "an unprivileged range of uids for runs needs a server started as root"
+    if not os.path.exists("/proc/self/ns/user"):
+        return "this kernel has no user namespaces"
+    return None
 
 
 def lite_unavailable_reason(confinement_name: str) -> str | None:
@@ -592,7 +667,11 @@ class LayeredWorkspace:
 
 
 def _is_opaque(path: str) -> bool:
-    try:
-        return os.getxattr(path, "trusted.overlay.opaque", follow_symlinks=False) == b"y"
-    except OSError:  # no such attribute (ENODATA), or none on this file system
-        return False
+    # trusted.*: an overlay the host's root mounted; user.*: one mounted in the runs' user namespace.
+    for name in ("trusted.overlay.opaque", "user.overlay.opaque"):
+        try:
+            if os.getxattr(path, name, follow_symlinks=False) == b"y":
+                return True
+        except OSError:  # no such attribute (ENODATA), or none on this file system
+            continue
+    return False

@@ -10,16 +10,20 @@ files and listeners are the test's own.
 from __future__ import annotations
 
 import base64
+import ctypes
 import os
+import re
 import shutil
 import signal
 import socket
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
 import pytest
 import requests
 from serve_process import NO_PROXY, ServeProcess, start_serve, stop_serve
@@ -31,6 +35,12 @@ pytestmark = pytest.mark.skipif(
     lite_unavailable_reason("cgroup" if CgroupConfinement.available() else "process-group") is not None,
     reason=f"isolation lite is not available here: {lite_unavailable_reason('cgroup')}",
 )
+
+
+# add_key(2) and keyctl(2) on x86-64 (the machines this suite runs on) and their arguments.
+_SYS_ADD_KEY, _SYS_KEYCTL = 248, 250
+_KEYCTL_READ, _KEYCTL_REVOKE = 11, 3
+_KEY_SPEC_SESSION_KEYRING, _KEY_SPEC_USER_KEYRING = -3, -4
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +91,100 @@ def test_the_banner_says_what_is_in_force(server: ServeProcess) -> None:
     assert "isolation: lite" in text and "own loopback only" in text
     assert "hidden from runs" in text and ".ssh" in text and "MY_SERVICE_API_TOKEN" in text
     assert "KEEP_ME_TOKEN" not in text
+
+
+def run_uid_of(server: ServeProcess) -> int:
+    """The host uid the banner says runs are."""
+    match = re.search(r"runs are uid (\d+) on the host", "".join(server.banner))
+    assert match is not None, "".join(server.banner)
+    return int(match.group(1))
+
+
+def test_a_run_is_root_only_in_a_user_namespace_of_its_own(server: ServeProcess) -> None:
+    """In its world a run is root, as on SandboxFusion, and the image's files are root's; on the
+    host its processes are an unprivileged uid (the kernel says so: read from this side)."""
+    run_uid = run_uid_of(server)
+    assert run_uid != 0
+    code = (
+        "id -u; id -g; stat -c '%u %g' /usr/bin/env /etc; cat /proc/self/uid_map\n"
+        "touch /usr/bin/planted-here && stat -c %u /usr/bin/planted-here\n"
+    )
+    lines = stdout_of(server.run(code, language="bash")).splitlines()
+    assert lines[:4] == ["0", "0", "0 0", "0 0"]
+    assert lines[4].split() == ["0", str(run_uid), "65536"]
+    assert lines[5] == "0"
+    marker = f"mocksandbox-uid-probe-{uuid.uuid4().hex}"
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(server.run, f"exec -a {marker} sleep 30", language="bash", run_timeout=40)
+        deadline = time.monotonic() + 20
+        found: list[psutil.Process] = []
+        while not found and time.monotonic() < deadline:
+            found = [
+                p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])
+            ]
+            time.sleep(0.05)
+        assert found, "the run's process was not seen from the host"
+        uids, gids = found[0].uids(), found[0].gids()
+        found[0].kill()
+        answer.result(timeout=30)
+    assert (uids.real, uids.effective, uids.saved) == (run_uid,) * 3
+    assert (gids.real, gids.effective) == (run_uid,) * 2
+
+
+def test_the_hosts_shadow_file_and_the_servers_keyrings_stay_out(server: ServeProcess) -> None:
+    """The host's /etc/shadow is root's, and a run's root sees root's files as its own: the mask
+    keeps it. The kernel's keyrings are not namespaced: the seccomp filter keeps them."""
+    if not Path("/etc/shadow").read_text():
+        pytest.skip("this host's /etc/shadow is empty: nothing to hide")
+    canary = f"CANARY-KEYRING-{uuid.uuid4().hex}"
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    # add_key(2) into this process's user keyring and session keyring, which the server (started by
+    # this process, as the same user) shares.
+    keys = [
+        libc.syscall(
+            _SYS_ADD_KEY, b"user", f"mocksandbox-{which}".encode(), canary.encode(), len(canary), which
+        )
+        for which in (_KEY_SPEC_USER_KEYRING, _KEY_SPEC_SESSION_KEYRING)
+    ]
+    assert all(key > 0 for key in keys), os.strerror(ctypes.get_errno())
+    try:
+        code = (
+            "import ctypes, os\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "libc.syscall.restype = ctypes.c_long\n"
+            "buffer = ctypes.create_string_buffer(256)\n"
+            f"for key in {keys!r}:\n"
+            f"    size = libc.syscall({_SYS_KEYCTL}, {_KEYCTL_READ}, key, buffer, 256)\n"
+            "    print(size, os.strerror(ctypes.get_errno()), buffer.value.decode())\n"
+            "print(repr(open('/etc/shadow').read()))\n"
+            "print(open('/proc/self/status').read().split('Seccomp:')[1].split()[0])\n"
+        )
+        text = stdout_of(server.run(code))
+    finally:
+        for key in keys:
+            libc.syscall(_SYS_KEYCTL, _KEYCTL_REVOKE, key)
+    assert canary not in text
+    assert text.splitlines() == ["-1 Operation not permitted ", "-1 Operation not permitted ", "''", "2"]
+
+
+def test_a_run_makes_no_namespaces_and_mounts_nothing(server: ServeProcess) -> None:
+    """The ways past a world into the kernel (new namespaces, mounts, modules) are refused, as
+    Docker's default seccomp profile refuses them to SandboxFusion's runs."""
+    code = (
+        "import ctypes, os, subprocess\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "for flag in (0x10000000, 0x00020000, 0x40000000):\n"
+        "    print(libc.unshare(flag), os.strerror(ctypes.get_errno()))\n"
+        "print(libc.mount(b'none', b'/mnt', b'tmpfs', 0, None), os.strerror(ctypes.get_errno()))\n"
+        "print(subprocess.run(['unshare', '-r', 'true'], capture_output=True).returncode != 0)\n"
+        "print(subprocess.run(['echo', 'a child'], capture_output=True, text=True).stdout.strip())\n"
+    )
+    assert stdout_of(server.run(code)).splitlines() == [
+        *["-1 Operation not permitted"] * 4,
+        "True",
+        "a child",
+    ]
 
 
 def test_host_files_can_be_neither_changed_nor_planted(server: ServeProcess, tmp_path: Path) -> None:
