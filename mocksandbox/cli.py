@@ -150,10 +150,15 @@ def _jupyter_missing(python: str) -> str | None:
     return jupyter_missing(python)
 
 
-#: Modules that add a subcommand with ``register(subparsers)``; absent ones are skipped.
-#: Where the documentation site is published (the package metadata's Documentation URL).
-DOCS_URL = "https://mocksandbox.readthedocs.io/"
+#: Where the documentation is: the site is not published at an address, so its source and how to
+#: build it (every setting is on its generated Reference > Settings page).
+DOCS_HINT = (
+    "Documentation: the docs/ pages of the source tree; from a checkout, make docs builds the site into "
+    "site/ and make docs-serve serves it on http://127.0.0.1:8000 (every setting: Reference > Settings). "
+    "The options: mocksandbox COMMAND --help."
+)
 
+#: Modules that add a subcommand with ``register(subparsers)``; absent ones are skipped.
 EXTRA_COMMAND_MODULES = (
     "mocksandbox.contract.command",  # mocksandbox contract
     "mocksandbox.stress.command",  # mocksandbox stress
@@ -167,8 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mocksandbox",
         description=__doc__,
-        epilog=f"Documentation: {DOCS_URL} (from a checkout: make docs-serve, then http://127.0.0.1:8000). "
-        f"Every setting: {DOCS_URL}reference/settings.html",
+        epilog=DOCS_HINT,
     )
     parser.add_argument("--version", action="version", version=f"mocksandbox {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -2,8 +2,9 @@
 ``chromedriver`` by Selenium (nothing is downloaded at run time).
 
 ``make test`` installs both when they are missing; without them the browser tests are skipped with
-the command that installs them, except where a browser is required (``MOCKSANDBOX_REQUIRE_BROWSER=1``,
-set by ``.ci/run``, or ``CI``): there they fail.
+the command that installs them, except where every part is required (``CI``, or
+``MOCKSANDBOX_REQUIRE_ALL=1`` as ``.ci/run`` sets: ``require_or_skip`` in ``tests/conftest.py``):
+there they fail.
 
 Screenshots the tests take go to the test's temporary directory, or to ``MOCKSANDBOX_SCREENSHOTS``
 when it names a directory (``MOCKSANDBOX_SCREENSHOTS=docs`` refreshes the README's pictures).
@@ -33,27 +34,20 @@ def browser_paths() -> tuple[str, str] | None:
     return (browser, driver) if browser and driver else None
 
 
-def browser_required() -> bool:
-    return os.environ.get("MOCKSANDBOX_REQUIRE_BROWSER") == "1" or bool(os.environ.get("CI"))
-
-
 @pytest.fixture(scope="session")
-def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def chromium(
+    tmp_path_factory: pytest.TempPathFactory, require_or_skip: Callable[[str | None], None]
+) -> Iterator[Any]:
     """One headless Chromium for the session (a Selenium ``WebDriver``)."""
     paths = browser_paths()
-    if paths is None:
-        message = f"no chromium + chromedriver on this machine: {INSTALL_HINT}"
-        if browser_required():
-            pytest.fail(message)
-        pytest.skip(message)
+    require_or_skip(None if paths else f"no chromium + chromedriver on this machine: {INSTALL_HINT}")
+    assert paths is not None  # (require_or_skip skipped or failed otherwise)
     try:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
     except ImportError:  # pragma: no cover - the dev extra has it
-        message = "selenium is not installed: pip install -e '.[dev]'"
-        if browser_required():
-            pytest.fail(message)
-        pytest.skip(message)
+        require_or_skip("selenium is not installed: pip install -e '.[dev]'")
+        raise
     browser, driver_path = paths
     options = webdriver.ChromeOptions()
     options.binary_location = browser

@@ -20,12 +20,11 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 import requests
 
@@ -34,6 +33,11 @@ from mocksandbox.serving.single import ServerThread, running_server
 from mocksandbox.sessions import Instance, InstanceRegistry
 from mocksandbox.sessions.scripted import diff_block, function_call, gold_editor_calls
 from mocksandbox.settings import load_settings
+
+try:
+    import aiohttp
+except ImportError:  # the dev extra's; only the tests that drive verl's client need it (with_aiohttp)
+    aiohttp = None
 
 SHIPPED = InstanceRegistry.from_paths([]).all()
 UNITCONV = next(i for i in SHIPPED if i.instance_id == "sciutils__unitconv-311")
@@ -51,6 +55,13 @@ def http() -> Iterator[requests.Session]:
     session.trust_env = False  # no proxies: loopback only
     yield session
     session.close()
+
+
+@pytest.fixture
+def with_aiohttp(require_or_skip: Callable[[str | None], None]) -> None:
+    """verl's client speaks aiohttp: its tests skip (or fail, where everything is required) without."""
+    missing = "aiohttp is not installed (verl's swedev client uses it): pip install -e '.[dev]'"
+    require_or_skip(None if aiohttp else missing)
 
 
 # -- verl's client, as the design document quotes it (swedev_utils.py, reward_manager/swedev.py) --
@@ -157,6 +168,7 @@ async def rollout(client: VerlSwedevClient, instance: Instance, actions: list[st
 # -- Done when ------------------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("with_aiohttp")
 def test_twenty_concurrent_gold_episodes_earn_one_and_idle_ones_less(server: ServerThread) -> None:
     client = VerlSwedevClient(server.url)
     episodes = []
@@ -326,6 +338,7 @@ def test_mock_sessions_lists_live_finished_and_leaked(server: ServerThread, http
 # -- the SandboxFusion adapter --------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("with_aiohttp")
 def test_swedev_backend_runs_commands_and_tests_on_a_sandboxfusion(server: ServerThread) -> None:
     """``--swedev-backend URL`` with the mock itself as the backend: the session state stays in the
     adapter, every command and test goes to the backend's /run_code with the repository as files."""

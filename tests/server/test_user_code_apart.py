@@ -1,12 +1,16 @@
 """User code apart from the server: with a Python runtime in the runtime dir (what ``make serve``
 installs, here with a one-package requirements file to keep it quick), programs run in its venv,
 never in the server's: they cannot import mocksandbox nor the server's packages. Without one, the
-banner says that user code shares the server's environment and how to give it its own."""
+banner says that user code shares the server's environment and how to give it its own.
+
+The runtime install fetches from the package index: where pip cannot reach one, that test skips
+saying so (or fails, where everything is required: ``require_or_skip`` in ``tests/conftest.py``)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,11 +18,38 @@ from serve_process import start_serve, stop_serve
 
 pytestmark = pytest.mark.slow
 
+#: The one package the runtime venv gets: small, pure Python, and not one the server has.
+REQUIREMENT = "tabulate==0.9.0"
 
+
+def package_index_unreachable(scratch: Path) -> str | None:
+    """Why pip cannot fetch :data:`REQUIREMENT` here (one line), or ``None`` when it can: the same
+    pip, index and configuration as the runtime install, asked for one file with a short timeout."""
+    try:
+        fetched = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--dest", str(scratch),
+             "--timeout", "5", "--retries", "0", "--disable-pip-version-check", "--quiet", REQUIREMENT],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return f"the package index did not answer within 60 s (pip download {REQUIREMENT})"
+    if fetched.returncode == 0:
+        return None
+    last = (fetched.stderr.strip().splitlines() or ["no output"])[-1]
+    return f"needs a package index: pip download {REQUIREMENT} failed ({last})"
+
+
+@pytest.fixture
+def with_package_index(tmp_path: Path, require_or_skip: Callable[[str | None], None]) -> None:
+    """The runtime install fetches :data:`REQUIREMENT` from the package index."""
+    require_or_skip(package_index_unreachable(tmp_path / "probe"))
+
+
+@pytest.mark.usefixtures("with_package_index")
 def test_user_code_runs_in_the_runtime_venv_and_cannot_import_the_server(tmp_path: Path) -> None:
     runtime = tmp_path / "runtime"
     requirements = tmp_path / "requirements.txt"
-    requirements.write_text("tabulate==0.9.0\n")
+    requirements.write_text(f"{REQUIREMENT}\n")
     installed = subprocess.run(
         [sys.executable, "-m", "mocksandbox.cli", "runtime", "install", "--languages", "python",
          "--runtime-dir", str(runtime), "--python-requirements", str(requirements)],

@@ -13,7 +13,7 @@ import itertools
 import os
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import psutil
@@ -21,8 +21,10 @@ import pytest
 import requests
 from serve_process import NO_PROXY, start_serve, stop_serve
 
+from mocksandbox.extras import jupyter_missing
 from mocksandbox.sessions import InstanceRegistry
 from mocksandbox.sessions.scripted import diff_block
+from mocksandbox.settings import load_settings
 
 pytestmark = pytest.mark.slow
 
@@ -67,6 +69,12 @@ def served() -> Iterator[Served]:
 @pytest.fixture(autouse=True)
 def _reset(served: Served) -> None:
     served.post("/_mock/reset", {}).raise_for_status()
+
+
+@pytest.fixture
+def with_jupyter(require_or_skip: Callable[[str | None], None]) -> None:
+    """The tests that send ``/run_jupyter`` need the jupyter extra in the server's interpreter."""
+    require_or_skip(jupyter_missing(load_settings(overrides={"port": 0}).python))
 
 
 def test_banner_and_both_workers_alive(served: Served) -> None:
@@ -154,6 +162,7 @@ def test_over_cap_requests_queue_across_workers(served: Served) -> None:
     assert stats["max_in_flight"] == 2 and stats["in_flight"] == 0 and stats["rejected_by_cap"] == 0
 
 
+@pytest.mark.usefixtures("with_jupyter")
 def test_workers_keep_to_their_cores_and_user_code_gets_them_all(served: Served) -> None:
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
@@ -183,6 +192,7 @@ def _kernel_processes(worker: psutil.Process) -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.usefixtures("with_jupyter")
 def test_a_killed_worker_takes_its_jupyter_kernels_with_it(served: Served) -> None:
     """A worker that dies without closing anything (SIGKILL) leaves no kernel behind: its kernel
     fork server sees its input close and kills every kernel's process group."""
