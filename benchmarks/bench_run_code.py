@@ -97,6 +97,14 @@ class Level:
     programs_cpu_ms: float | None = None
     #: With ``--rounds N``: each round's req/s, in round order (the figures above are medians).
     rounds_rps: list[float] = field(default_factory=list)
+    #: The load generator: its processes, its CPU per answered request (ms), the cores it kept busy
+    #: (its CPU seconds over the wall time), the cores it could use (``min(processes, cores)``, see
+    #: CLIENT_SATURATED) and whether it used nearly all of them: the figures are then its limit.
+    client_processes: int = 1
+    client_cpu_ms: float | None = None
+    client_cores: float | None = None
+    client_cores_available: int | None = None
+    client_saturated: bool = False
 
 
 def median_level(rounds: list[Level]) -> Level:
@@ -105,7 +113,8 @@ def median_level(rounds: list[Level]) -> Level:
     def median(name: str) -> Any:
         values = [getattr(lv, name) for lv in rounds if getattr(lv, name) is not None]
         values = [v for v in values if not (isinstance(v, float) and math.isnan(v))]
-        return statistics.median(values) if values else (None if name.endswith("cpu_ms") else math.nan)
+        unmeasured = None if name.endswith(("cpu_ms", "cores")) else math.nan
+        return statistics.median(values) if values else unmeasured
 
     first = rounds[0]
     return Level(
@@ -123,6 +132,12 @@ def median_level(rounds: list[Level]) -> Level:
         launcher_cpu_ms=median("launcher_cpu_ms"),
         programs_cpu_ms=median("programs_cpu_ms"),
         rounds_rps=[lv.rps for lv in rounds],
+        client_processes=first.client_processes,
+        client_cpu_ms=median("client_cpu_ms"),
+        client_cores=median("client_cores"),
+        client_cores_available=first.client_cores_available,
+        # Said if any round was the client's limit: that round's figure says nothing of the server.
+        client_saturated=any(lv.client_saturated for lv in rounds),
     )
 
 
@@ -234,30 +249,53 @@ class _NewConnectionPoster(_HttpClientPoster):
 CLIENTS = {"http": _HttpClientPoster, "requests": _RequestsPoster, "new-connection": _NewConnectionPoster}
 
 
-def run_level(
+@dataclass
+class _Load:
+    """What one client process's threads measured in one level."""
+
+    latencies: list[float]
+    errors: int
+    first_error: str | None
+    #: CPU seconds its load threads used from the start signal to their end (their own clocks, so
+    #: a server running in the same process, ``--modes in-process``, is not counted).
+    cpu_s: float
+    #: ``time.monotonic()`` at the start signal and when its last thread ended (one clock for every
+    #: process of the machine).
+    started: float
+    ended: float
+
+
+def _drive(
     url: str,
-    concurrency: int,
+    threads: int,
     total: int,
     timeout: float,
-    workload: list[tuple[dict[str, Any], str | None]] = WORKLOADS["print"],
-    client: str = "http",
-) -> Level:
-    """``total`` requests from ``concurrency`` threads, each with its own connection."""
+    workload: list[tuple[dict[str, Any], str | None]],
+    client: str,
+    first_index: int = 0,
+    on_ready: Callable[[], None] = lambda: None,
+) -> _Load:
+    """``total`` requests (workload items ``first_index`` on) from ``threads`` threads, each with its
+    own connection; ``on_ready`` is called once every thread is ready to send, before the start."""
     latencies: list[float] = []
     errors: list[str] = []
+    cpu: list[float] = []
     lock = threading.Lock()
-    next_index = iter(range(total))
-    gate = threading.Barrier(concurrency + 1)
+    next_index = iter(range(first_index, first_index + total))
+    ready = threading.Barrier(threads + 1)
+    go = threading.Event()
 
     def worker() -> None:
         poster = CLIENTS[client](url)
-        gate.wait()
+        ready.wait()
+        go.wait()
+        cpu_started = time.thread_time()
         while True:
             with lock:
                 index = next(next_index, None)
             if index is None:
                 poster.close()
-                return
+                break
             payload, expected = workload[index % len(workload)]
             started = time.perf_counter()
             try:
@@ -270,27 +308,190 @@ def run_level(
                     latencies.append(elapsed)
                 else:
                     errors.append(problem)
+        with lock:
+            cpu.append(time.thread_time() - cpu_started)
 
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
-    for thread in threads:
+    pool = [threading.Thread(target=worker, daemon=True) for _ in range(threads)]
+    for thread in pool:
         thread.start()
-    gate.wait()
-    started = time.perf_counter()
-    for thread in threads:
+    ready.wait()
+    on_ready()
+    started = time.monotonic()
+    go.set()
+    for thread in pool:
         thread.join()
-    wall = time.perf_counter() - started
+    return _Load(latencies, len(errors), errors[0] if errors else None, sum(cpu), started, time.monotonic())
+
+
+def _split(count: int, parts: int) -> list[int]:
+    """``count`` in ``parts`` shares that differ by one at most, the larger first."""
+    return [count // parts + (i < count % parts) for i in range(parts)]
+
+
+class ClientPool:
+    """``size`` client processes, started once and kept for every level: a level's threads (and its
+    requests, in proportion) are spread over them, so that the load is not bound to the one core
+    that a Python process's threads share (they take turns holding its GIL).
+
+    Each process is this script with ``--client-worker``, told its part of a level as a JSON line
+    on stdin; it answers ``ready`` once its threads are, starts on ``go`` and answers its
+    :class:`_Load` as a JSON line."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._procs: list[subprocess.Popen[str]] = []
+        try:
+            for _ in range(size):
+                self._procs.append(
+                    subprocess.Popen(
+                        [sys.executable, os.path.abspath(__file__), "--client-worker"],
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        text=True,
+                    )
+                )
+        except BaseException:
+            self.close()
+            raise
+
+    def _send(self, proc: subprocess.Popen[str], line: str) -> None:
+        assert proc.stdin is not None
+        proc.stdin.write(line + "\n")
+        proc.stdin.flush()
+
+    def _answer(self, proc: subprocess.Popen[str]) -> str:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"client process {proc.pid} stopped (exit status {proc.wait()})")
+        return line
+
+    def run(
+        self,
+        url: str,
+        concurrency: int,
+        total: int,
+        timeout: float,
+        workload: list[tuple[dict[str, Any], str | None]],
+        client: str,
+    ) -> tuple[list[_Load], float]:
+        """One level over ``min(size, concurrency)`` processes: their loads and the wall time from
+        the start signal to the end of the last."""
+        procs = self._procs[: min(self.size, concurrency)]
+        threads = _split(concurrency, len(procs))
+        # Requests in proportion to threads, so that every process ends at about the same time.
+        bounds = [0] + [round(total * sum(threads[: i + 1]) / concurrency) for i in range(len(procs))]
+        for i, proc in enumerate(procs):
+            job = {
+                "url": url,
+                "threads": threads[i],
+                "requests": bounds[i + 1] - bounds[i],
+                "first_index": bounds[i],
+                "timeout": timeout,
+                "workload": workload,
+                "client": client,
+            }
+            self._send(proc, json.dumps(job))
+        for proc in procs:
+            if self._answer(proc).strip() != "ready":
+                raise RuntimeError(f"client process {proc.pid} did not get ready")
+        started = time.monotonic()
+        for proc in procs:
+            self._send(proc, "go")
+        loads = [_Load(**json.loads(self._answer(proc))) for proc in procs]
+        return loads, max(load.ended for load in loads) - started
+
+    def close(self) -> None:
+        for proc in self._procs:
+            with contextlib.suppress(OSError):
+                assert proc.stdin is not None
+                proc.stdin.close()  # end of its jobs: it leaves
+        for proc in self._procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def client_worker() -> int:
+    """The loop of one :class:`ClientPool` process (``--client-worker``)."""
+
+    def ready() -> None:
+        print("ready", flush=True)
+        if sys.stdin.readline().strip() != "go":
+            raise SystemExit(1)
+
+    while line := sys.stdin.readline():
+        job = json.loads(line)
+        workload = [(payload, expected) for payload, expected in job["workload"]]
+        load = _drive(
+            job["url"],
+            job["threads"],
+            job["requests"],
+            job["timeout"],
+            workload,
+            job["client"],
+            job["first_index"],
+            ready,
+        )
+        print(json.dumps(asdict(load)), flush=True)
+    return 0
+
+
+#: The clients count as the limit from this share of the cores they can use on. Those are
+#: ``min(client processes, cores this script may run on)``: each process's load threads take turns
+#: holding its GIL, so one process can keep about one core busy however many threads it has. When
+#: the server is the limit, the client threads mostly wait for answers and use far less (a third or
+#: less of their cores at concurrency 16 on a 2-core host); when the clients are, some thread always
+#: has an answer to handle and their CPU stays within a few tenths of a core of the most they can
+#: use, what is missing going to the scheduler (the cores are shared with the server) and to GIL
+#: hand-overs. 0.8 sits between the two and leaves room for that loss.
+CLIENT_SATURATED = 0.8
+
+
+def client_cores_available() -> int:
+    """The cores this script (and the client processes it starts) may run on."""
+    return len(os.sched_getaffinity(0))
+
+
+def run_level(
+    url: str,
+    concurrency: int,
+    total: int,
+    timeout: float,
+    workload: list[tuple[dict[str, Any], str | None]] = WORKLOADS["print"],
+    client: str = "http",
+    pool: ClientPool | None = None,
+) -> Level:
+    """``total`` requests from ``concurrency`` threads, each with its own connection: threads of
+    this process, or spread over the processes of ``pool``."""
+    if pool is None:
+        load = _drive(url, concurrency, total, timeout, workload, client)
+        loads, wall = [load], load.ended - load.started
+    else:
+        loads, wall = pool.run(url, concurrency, total, timeout, workload, client)
+    latencies = [latency for load in loads for latency in load.latencies]
     ok = len(latencies)
+    client_cpu = sum(load.cpu_s for load in loads)
+    capacity = min(len(loads), client_cores_available())
+    cores = client_cpu / wall if wall > 0 else 0.0
     return Level(
         concurrency=concurrency,
         requests=total,
         ok=ok,
-        errors=len(errors),
+        errors=sum(load.errors for load in loads),
         wall_s=wall,
         rps=ok / wall if wall > 0 else 0.0,
         p50_ms=percentile(latencies, 50) * 1000 if ok else math.nan,
         p95_ms=percentile(latencies, 95) * 1000 if ok else math.nan,
         mean_ms=statistics.fmean(latencies) * 1000 if ok else math.nan,
-        first_error=errors[0] if errors else None,
+        first_error=next((load.first_error for load in loads if load.first_error), None),
+        client_processes=len(loads),
+        client_cpu_ms=client_cpu / ok * 1000 if ok else None,
+        client_cores=cores,
+        client_cores_available=capacity,
+        client_saturated=cores >= CLIENT_SATURATED * capacity,
     )
 
 
@@ -304,13 +505,14 @@ def measure_target(
     workload: list[tuple[dict[str, Any], str | None]] = WORKLOADS["print"],
     client: str = "http",
     meter: CpuMeter | None = None,
+    pool: ClientPool | None = None,
 ) -> Target:
     target = Target(name, url)
     if warmup:
         run_level(url, 1, warmup, timeout, workload, client)
     for concurrency in levels:
         before = meter.sample() if meter is not None else None
-        level = run_level(url, concurrency, total, timeout, workload, client)
+        level = run_level(url, concurrency, total, timeout, workload, client, pool)
         if meter is not None and before is not None and level.ok:
             after = meter.sample()
             server = (after["server"] or 0.0) - (before["server"] or 0.0)
@@ -483,6 +685,15 @@ def _ratio_rows(first: Target, other: Target, levels: list[int]) -> list[dict[st
     return rows
 
 
+def _client_cores(level: Level) -> str:
+    """``used/available`` cores of the load generator, ``!`` where it was the limit."""
+    if level.client_cores is None:
+        return "-"
+    return f"{level.client_cores:.2f}/{level.client_cores_available}" + (
+        "!" if level.client_saturated else " "
+    )
+
+
 def print_report(
     targets: list[Target], spawn: dict[str, Any], ratios: dict[str, Any], info: dict[str, Any]
 ) -> None:
@@ -494,16 +705,22 @@ def print_report(
     for key in ("user_python", "host", "load_1min"):
         if info.get(key):
             print(f"  {key.replace('_', ' ')}: {info[key]}")
+    processes = info.get("client_processes", 1)
+    print(
+        f"  client: {info.get('client', 'http')}, "
+        + (f"{processes} processes" if processes > 1 else "threads of this process")
+        + f", on {info.get('client_cores_available', '?')} cores"
+    )
     header = (
         f"{'target':<16} {'conc':>4} {'ok':>5} {'err':>4} {'req/s':>8} "
-        f"{'p50 ms':>8} {'p95 ms':>8} {'mean ms':>8}"
+        f"{'p50 ms':>8} {'p95 ms':>8} {'mean ms':>8} {'client cores':>13}"
     )
     print("\n" + header + "\n" + "-" * len(header))
     for target in targets:
         for lv in target.levels:
             print(
                 f"{target.name:<16} {lv.concurrency:>4} {lv.ok:>5} {lv.errors:>4} {lv.rps:>8.1f} "
-                f"{lv.p50_ms:>8.1f} {lv.p95_ms:>8.1f} {lv.mean_ms:>8.1f}"
+                f"{lv.p50_ms:>8.1f} {lv.p95_ms:>8.1f} {lv.mean_ms:>8.1f} {_client_cores(lv):>13}"
             )
     measured = [(t, lv) for t in targets for lv in t.levels if lv.server_cpu_ms is not None]
     if measured:
@@ -544,6 +761,15 @@ def print_report(
             rounds = row.get("rps_ratio_rounds")
             shown = "" if not rounds else "   rounds: " + " ".join(f"{r:.2f}" for r in rounds)
             print(f"{row['concurrency']:>4} {row['rps_ratio']:>12.2f} {row['p50_ratio']:>10.2f}{shown}")
+    saturated = [(t, lv) for t in targets for lv in t.levels if lv.client_saturated]
+    if saturated:
+        print()
+    for target, lv in saturated:
+        print(
+            f"client saturated at {target.name} c={lv.concurrency}: clients used {lv.client_cores:.1f} of "
+            f"{lv.client_cores_available} cores; the figure is the client's limit, not the server's"
+            + ("" if processes > 1 else " (try --client-processes)")
+        )
     for target in targets:
         for lv in target.levels:
             if lv.first_error:
@@ -602,6 +828,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "'requests' (a requests.Session each; about 2 ms more client CPU per call) or "
         "'new-connection' (a new connection per request, as verl's requests.post)",
     )
+    parser.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="spread each level's load threads over N client processes (default 1: threads of this "
+        "process, which share one core): a large machine needs several to load its server; the "
+        "report says when the clients, not the server, were the limit",
+    )
     args = parser.parse_args(argv)
     try:
         args.levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
@@ -615,6 +850,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--isolation takes none, lite or auto, e.g. none,lite")
     if args.rounds < 1:
         parser.error("--rounds must be positive")
+    if args.client_processes < 1:
+        parser.error("--client-processes must be positive")
     if not args.levels or min(args.levels) < 1 or args.requests < 1:
         parser.error("--concurrency and --requests must be positive")
     return args
@@ -631,7 +868,16 @@ def main(argv: list[str] | None = None) -> int:
 
     def measure(name: str, url: str, meter: CpuMeter | None = None) -> Target:
         return measure_target(
-            name, url, args.levels, args.requests, args.warmup, args.timeout, workload, args.client, meter
+            name,
+            url,
+            args.levels,
+            args.requests,
+            args.warmup,
+            args.timeout,
+            workload,
+            args.client,
+            meter,
+            pool,
         )
 
     def served(mode: str, workers: int, isolation: str | None) -> Callable[[], Target]:
@@ -645,6 +891,10 @@ def main(argv: list[str] | None = None) -> int:
         return run
 
     with contextlib.ExitStack() as stack:
+        pool = None
+        if args.client_processes > 1:
+            pool = ClientPool(args.client_processes)
+            stack.callback(pool.close)
         plan: list[Callable[[], Target]] = []
         if args.url:
             plan.append(lambda: measure("mock", args.url))
@@ -701,6 +951,9 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         "workload": args.workload,
         "client": args.client,
+        "client_processes": args.client_processes,
+        "client_cores_available": client_cores_available(),
+        "client_saturated_from": CLIENT_SATURATED,
         "user_python": python,
         "host": f"{platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}",
         # Other work on the machine skews every figure; this says how busy it was.
@@ -724,4 +977,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(client_worker() if sys.argv[1:] == ["--client-worker"] else main())
