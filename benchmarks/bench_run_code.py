@@ -937,8 +937,8 @@ def print_report(
     for target, lv in full:
         print(
             f"host full at {target.name} c={lv.concurrency}: {lv.host_cores_busy:.1f} of {cores} cores busy "
-            f"(clients {lv.client_cores or 0.0:.1f}); the figure is what this host allows server and "
-            "clients together"
+            f"(clients {lv.client_cores or 0.0:.1f}, the rest the server's and any other work); the figure "
+            "is the host's limit, not the server's alone"
         )
     for target in targets:
         for lv in target.levels:
