@@ -17,9 +17,15 @@ Only loopback addresses are ever targeted unless you pass a URL yourself.
     python benchmarks/bench_run_code.py --workload mixed --client requests
     python benchmarks/bench_run_code.py --modes fork --workers 1,2 --concurrency 1,4,16,32,64
 
-Each served mock runs in a cpuacct cgroup of its own (where the controller is writable), so the
-report also gives the CPU per request of its server processes, its launchers and its programs, and
-the req/s per core that this CPU allows.
+The report gives the CPU per request of each part of a served mock, read over its process tree:
+its server processes, launchers, relays and programs (the programs exactly where it can run in a
+cpuacct cgroup of its own), and the req/s per core that this CPU allows. With several ``--workers``
+counts it is the scaling curve. It also gives the load generator's own CPU: ``--client-processes N``
+spreads the load over N processes (one Python process keeps about one core busy), and the report
+says when the clients were the limit, not the server, or when the host's cores were all busy.
+
+    python benchmarks/bench_run_code.py --modes fork --workers 1,2,4,8 --concurrency 64 \
+        --client-processes 4
 """
 
 from __future__ import annotations
@@ -90,13 +96,26 @@ class Level:
     p95_ms: float
     mean_ms: float
     first_error: str | None = None
-    #: CPU per answered request (ms): the server processes (the serve process and its workers),
-    #: the launchers, and the rest of the cgroup (relays and programs); ``None`` where unmeasured.
+    #: CPU per answered request (ms) of a served mock's parts (see CpuMeter): the server processes
+    #: (the serve process and its workers), the launchers, the relays and the programs; ``None``
+    #: where unmeasured (a server this script did not start).
     server_cpu_ms: float | None = None
     launcher_cpu_ms: float | None = None
     programs_cpu_ms: float | None = None
+    relays_cpu_ms: float | None = None
     #: With ``--rounds N``: each round's req/s, in round order (the figures above are medians).
     rounds_rps: list[float] = field(default_factory=list)
+    #: The load generator: its processes, its CPU per answered request (ms), the cores it kept busy
+    #: (its CPU seconds over the wall time), the cores it could use (``min(processes, cores)``, see
+    #: CLIENT_SATURATED) and whether it used nearly all of them: the figures are then its limit.
+    client_processes: int = 1
+    client_cpu_ms: float | None = None
+    client_cores: float | None = None
+    client_cores_available: int | None = None
+    client_saturated: bool = False
+    #: How many of the cores this script may run on were busy (anyone's work, server's and
+    #: clients' and other users') over the level; see HOST_FULL.
+    host_cores_busy: float | None = None
 
 
 def median_level(rounds: list[Level]) -> Level:
@@ -105,7 +124,8 @@ def median_level(rounds: list[Level]) -> Level:
     def median(name: str) -> Any:
         values = [getattr(lv, name) for lv in rounds if getattr(lv, name) is not None]
         values = [v for v in values if not (isinstance(v, float) and math.isnan(v))]
-        return statistics.median(values) if values else (None if name.endswith("cpu_ms") else math.nan)
+        unmeasured = None if name.endswith(("cpu_ms", "cores")) else math.nan
+        return statistics.median(values) if values else unmeasured
 
     first = rounds[0]
     return Level(
@@ -122,7 +142,15 @@ def median_level(rounds: list[Level]) -> Level:
         server_cpu_ms=median("server_cpu_ms"),
         launcher_cpu_ms=median("launcher_cpu_ms"),
         programs_cpu_ms=median("programs_cpu_ms"),
+        relays_cpu_ms=median("relays_cpu_ms"),
         rounds_rps=[lv.rps for lv in rounds],
+        client_processes=first.client_processes,
+        client_cpu_ms=median("client_cpu_ms"),
+        client_cores=median("client_cores"),
+        client_cores_available=first.client_cores_available,
+        # Said if any round was the client's limit: that round's figure says nothing of the server.
+        client_saturated=any(lv.client_saturated for lv in rounds),
+        host_cores_busy=median("host_cores_busy"),
     )
 
 
@@ -131,6 +159,12 @@ class Target:
     name: str
     url: str
     levels: list[Level] = field(default_factory=list)
+    #: A served mock's worker count, and its name without it: the targets of one series, measured
+    #: with each ``--workers`` count, make a scaling curve.
+    workers: int | None = None
+    series: str | None = None
+    #: Where the programs' CPU was read (see CpuMeter); ``None``: not measured.
+    programs_cpu_from: str | None = None
 
     def level(self, concurrency: int) -> Level:
         return next(lv for lv in self.levels if lv.concurrency == concurrency)
@@ -234,30 +268,53 @@ class _NewConnectionPoster(_HttpClientPoster):
 CLIENTS = {"http": _HttpClientPoster, "requests": _RequestsPoster, "new-connection": _NewConnectionPoster}
 
 
-def run_level(
+@dataclass
+class _Load:
+    """What one client process's threads measured in one level."""
+
+    latencies: list[float]
+    errors: int
+    first_error: str | None
+    #: CPU seconds its load threads used from the start signal to their end (their own clocks, so
+    #: a server running in the same process, ``--modes in-process``, is not counted).
+    cpu_s: float
+    #: ``time.monotonic()`` at the start signal and when its last thread ended (one clock for every
+    #: process of the machine).
+    started: float
+    ended: float
+
+
+def _drive(
     url: str,
-    concurrency: int,
+    threads: int,
     total: int,
     timeout: float,
-    workload: list[tuple[dict[str, Any], str | None]] = WORKLOADS["print"],
-    client: str = "http",
-) -> Level:
-    """``total`` requests from ``concurrency`` threads, each with its own connection."""
+    workload: list[tuple[dict[str, Any], str | None]],
+    client: str,
+    first_index: int = 0,
+    on_ready: Callable[[], None] = lambda: None,
+) -> _Load:
+    """``total`` requests (workload items ``first_index`` on) from ``threads`` threads, each with its
+    own connection; ``on_ready`` is called once every thread is ready to send, before the start."""
     latencies: list[float] = []
     errors: list[str] = []
+    cpu: list[float] = []
     lock = threading.Lock()
-    next_index = iter(range(total))
-    gate = threading.Barrier(concurrency + 1)
+    next_index = iter(range(first_index, first_index + total))
+    ready = threading.Barrier(threads + 1)
+    go = threading.Event()
 
     def worker() -> None:
         poster = CLIENTS[client](url)
-        gate.wait()
+        ready.wait()
+        go.wait()
+        cpu_started = time.thread_time()
         while True:
             with lock:
                 index = next(next_index, None)
             if index is None:
                 poster.close()
-                return
+                break
             payload, expected = workload[index % len(workload)]
             started = time.perf_counter()
             try:
@@ -270,27 +327,213 @@ def run_level(
                     latencies.append(elapsed)
                 else:
                     errors.append(problem)
+        with lock:
+            cpu.append(time.thread_time() - cpu_started)
 
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
-    for thread in threads:
+    pool = [threading.Thread(target=worker, daemon=True) for _ in range(threads)]
+    for thread in pool:
         thread.start()
-    gate.wait()
-    started = time.perf_counter()
-    for thread in threads:
+    ready.wait()
+    on_ready()
+    started = time.monotonic()
+    go.set()
+    for thread in pool:
         thread.join()
-    wall = time.perf_counter() - started
+    return _Load(latencies, len(errors), errors[0] if errors else None, sum(cpu), started, time.monotonic())
+
+
+def _split(count: int, parts: int) -> list[int]:
+    """``count`` in ``parts`` shares that differ by one at most, the larger first."""
+    return [count // parts + (i < count % parts) for i in range(parts)]
+
+
+class ClientPool:
+    """``size`` client processes, started once and kept for every level: a level's threads (and its
+    requests, in proportion) are spread over them, so that the load is not bound to the one core
+    that a Python process's threads share (they take turns holding its GIL).
+
+    Each process is this script with ``--client-worker``, told its part of a level as a JSON line
+    on stdin; it answers ``ready`` once its threads are, starts on ``go`` and answers its
+    :class:`_Load` as a JSON line."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._procs: list[subprocess.Popen[str]] = []
+        try:
+            for _ in range(size):
+                self._procs.append(
+                    subprocess.Popen(
+                        [sys.executable, os.path.abspath(__file__), "--client-worker"],
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        text=True,
+                    )
+                )
+        except BaseException:
+            self.close()
+            raise
+
+    def _send(self, proc: subprocess.Popen[str], line: str) -> None:
+        assert proc.stdin is not None
+        proc.stdin.write(line + "\n")
+        proc.stdin.flush()
+
+    def _answer(self, proc: subprocess.Popen[str]) -> str:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"client process {proc.pid} stopped (exit status {proc.wait()})")
+        return line
+
+    def run(
+        self,
+        url: str,
+        concurrency: int,
+        total: int,
+        timeout: float,
+        workload: list[tuple[dict[str, Any], str | None]],
+        client: str,
+    ) -> tuple[list[_Load], float]:
+        """One level over ``min(size, concurrency)`` processes: their loads and the wall time from
+        the start signal to the end of the last."""
+        procs = self._procs[: min(self.size, concurrency)]
+        threads = _split(concurrency, len(procs))
+        # Requests in proportion to threads, so that every process ends at about the same time.
+        bounds = [0] + [round(total * sum(threads[: i + 1]) / concurrency) for i in range(len(procs))]
+        for i, proc in enumerate(procs):
+            job = {
+                "url": url,
+                "threads": threads[i],
+                "requests": bounds[i + 1] - bounds[i],
+                "first_index": bounds[i],
+                "timeout": timeout,
+                "workload": workload,
+                "client": client,
+            }
+            self._send(proc, json.dumps(job))
+        for proc in procs:
+            if self._answer(proc).strip() != "ready":
+                raise RuntimeError(f"client process {proc.pid} did not get ready")
+        started = time.monotonic()
+        for proc in procs:
+            self._send(proc, "go")
+        loads = [_Load(**json.loads(self._answer(proc))) for proc in procs]
+        return loads, max(load.ended for load in loads) - started
+
+    def close(self) -> None:
+        for proc in self._procs:
+            with contextlib.suppress(OSError):
+                assert proc.stdin is not None
+                proc.stdin.close()  # end of its jobs: it leaves
+        for proc in self._procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def client_worker() -> int:
+    """The loop of one :class:`ClientPool` process (``--client-worker``)."""
+
+    def ready() -> None:
+        print("ready", flush=True)
+        if sys.stdin.readline().strip() != "go":
+            raise SystemExit(1)
+
+    while line := sys.stdin.readline():
+        job = json.loads(line)
+        workload = [(payload, expected) for payload, expected in job["workload"]]
+        load = _drive(
+            job["url"],
+            job["threads"],
+            job["requests"],
+            job["timeout"],
+            workload,
+            job["client"],
+            job["first_index"],
+            ready,
+        )
+        print(json.dumps(asdict(load)), flush=True)
+    return 0
+
+
+#: The clients count as the limit from this share of the cores they can use on. Those are
+#: ``min(client processes, cores this script may run on)``: each process's load threads take turns
+#: holding its GIL, so one process can keep about one core busy however many threads it has. When
+#: the server is the limit, the client threads mostly wait for answers and use far less (a third or
+#: less of their cores at concurrency 16 on a 2-core host); when the clients are, some thread always
+#: has an answer to handle and their CPU stays within a few tenths of a core of the most they can
+#: use, what is missing going to the scheduler (the cores are shared with the server) and to GIL
+#: hand-overs. 0.8 sits between the two and leaves room for that loss.
+CLIENT_SATURATED = 0.8
+
+
+#: The host counts as full from this many of the cores the clients may use busy: clients and
+#: server then share the last of the CPU, and neither alone sets the figure. A core under 10%
+#: idle over a level has work waiting for it most of the time (the kernel's own accounting).
+HOST_FULL = 0.9
+
+
+def client_cores_available() -> int:
+    """The cores this script (and the client processes it starts) may run on."""
+    return len(os.sched_getaffinity(0))
+
+
+def _busy_seconds() -> float:
+    """CPU seconds the cores of this script's affinity have not been idle since boot."""
+    import psutil
+
+    cpus = psutil.cpu_times(percpu=True)
+    return sum(
+        sum(cpus[i]) - cpus[i].idle - getattr(cpus[i], "iowait", 0.0)
+        for i in os.sched_getaffinity(0)
+        if i < len(cpus)
+    )
+
+
+def run_level(
+    url: str,
+    concurrency: int,
+    total: int,
+    timeout: float,
+    workload: list[tuple[dict[str, Any], str | None]] = WORKLOADS["print"],
+    client: str = "http",
+    pool: ClientPool | None = None,
+) -> Level:
+    """``total`` requests from ``concurrency`` threads, each with its own connection: threads of
+    this process, or spread over the processes of ``pool``."""
+    busy_before, started = _busy_seconds(), time.monotonic()
+    if pool is None:
+        load = _drive(url, concurrency, total, timeout, workload, client)
+        loads, wall = [load], load.ended - load.started
+    else:
+        loads, wall = pool.run(url, concurrency, total, timeout, workload, client)
+    # Over a little more than ``wall`` (the threads' start and end): all but the shortest levels
+    # are long enough for that not to matter.
+    host_busy = (_busy_seconds() - busy_before) / max(time.monotonic() - started, 1e-9)
+    latencies = [latency for load in loads for latency in load.latencies]
     ok = len(latencies)
+    client_cpu = sum(load.cpu_s for load in loads)
+    capacity = min(len(loads), client_cores_available())
+    cores = client_cpu / wall if wall > 0 else 0.0
     return Level(
         concurrency=concurrency,
         requests=total,
         ok=ok,
-        errors=len(errors),
+        errors=sum(load.errors for load in loads),
         wall_s=wall,
         rps=ok / wall if wall > 0 else 0.0,
         p50_ms=percentile(latencies, 50) * 1000 if ok else math.nan,
         p95_ms=percentile(latencies, 95) * 1000 if ok else math.nan,
         mean_ms=statistics.fmean(latencies) * 1000 if ok else math.nan,
-        first_error=errors[0] if errors else None,
+        first_error=next((load.first_error for load in loads if load.first_error), None),
+        client_processes=len(loads),
+        client_cpu_ms=client_cpu / ok * 1000 if ok else None,
+        client_cores=cores,
+        client_cores_available=capacity,
+        client_saturated=cores >= CLIENT_SATURATED * capacity,
+        host_cores_busy=host_busy,
     )
 
 
@@ -304,22 +547,18 @@ def measure_target(
     workload: list[tuple[dict[str, Any], str | None]] = WORKLOADS["print"],
     client: str = "http",
     meter: CpuMeter | None = None,
+    pool: ClientPool | None = None,
 ) -> Target:
-    target = Target(name, url)
+    target = Target(name, url, programs_cpu_from=meter.programs_from if meter is not None else None)
     if warmup:
         run_level(url, 1, warmup, timeout, workload, client)
     for concurrency in levels:
         before = meter.sample() if meter is not None else None
-        level = run_level(url, concurrency, total, timeout, workload, client)
+        level = run_level(url, concurrency, total, timeout, workload, client, pool)
         if meter is not None and before is not None and level.ok:
-            after = meter.sample()
-            server = (after["server"] or 0.0) - (before["server"] or 0.0)
-            launcher = (after["launcher"] or 0.0) - (before["launcher"] or 0.0)
-            level.server_cpu_ms = server / level.ok * 1000
-            level.launcher_cpu_ms = launcher / level.ok * 1000
-            if after["total"] is not None and before["total"] is not None:
-                rest = after["total"] - before["total"] - server - launcher
-                level.programs_cpu_ms = rest / level.ok * 1000
+            spent = meter.spent(before, meter.sample())
+            for part, seconds in spent.items():
+                setattr(level, f"{part}_cpu_ms", seconds / level.ok * 1000)
         target.levels.append(level)
     return target
 
@@ -327,11 +566,33 @@ def measure_target(
 _CPUACCT = "/sys/fs/cgroup/cpuacct"
 
 
+#: The parts of a served mock whose CPU the meter tells apart, in its process tree.
+CPU_PARTS = ("server", "launcher", "relays", "programs")
+
+
+@dataclass
+class CpuSample:
+    """Cumulative CPU seconds of a served mock at one moment: for each part but the programs, each
+    process's (keyed by pid and start time, as pids repeat); the relays' reaped children's
+    (``reaped``, by relay); and its cpuacct cgroup's total (``None`` without one)."""
+
+    parts: dict[str, dict[tuple[int, float], float]]
+    reaped: dict[tuple[int, float], float]
+    total: float | None
+
+
 class CpuMeter:
-    """CPU seconds spent by a served mock, split three ways: its server processes (the serve
-    process and its workers, their own time), its launchers (their own time), and everything else
-    in its cpuacct cgroup (relays and programs, which the launchers' accounting never sees: they
-    are reaped by the kernel). Without a writable cpuacct controller only the first two are known."""
+    """CPU seconds spent by a served mock, over its process tree (psutil): the server processes
+    (the serve process and its workers), the launchers (their children running ``forkserver.py``),
+    the relays (the launchers' children) and the programs (the relays' children).
+
+    The launcher and the relays are single-threaded: their own time is read in nanoseconds
+    (``/proc/PID/schedstat``). The server processes' is psutil's, in 1/100 s per process. The
+    programs are gone by the time of a sample; where the served mock has a cpuacct cgroup of its
+    own, they are the rest of its total (nanoseconds; with them, the time of any relay that exited
+    during the level and of orphans no relay waited for). Without one they are what the kernel added
+    to each relay's ``children_*`` times as it reaped them: 1/100 s per relay, and a relay that
+    exits takes its programs' time with it (the launcher ignores SIGCHLD: no one waits for it)."""
 
     def __init__(self, pid: int, cgroup: str | None) -> None:
         import psutil
@@ -339,30 +600,71 @@ class CpuMeter:
         self._psutil = psutil
         self.root = psutil.Process(pid)
         self.cgroup = cgroup
+        self.programs_from = (
+            "the rest of the mock's cpuacct cgroup"
+            if cgroup is not None
+            else "the relays' reaped children (no cpuacct cgroup here): a lower bound, by 1/100 s a relay"
+        )
 
-    def _own_seconds(self, process: Any) -> float:
+    def _children(self, process: Any) -> list[Any]:
         try:
-            times = process.cpu_times()
+            return list(process.children())
         except self._psutil.Error:
-            return 0.0
-        return float(times.user + times.system)
+            return []
 
-    def sample(self) -> dict[str, float | None]:
+    def _cmdline(self, process: Any) -> str:
+        try:
+            return " ".join(process.cmdline())
+        except self._psutil.Error:
+            return ""
+
+    @staticmethod
+    def _schedstat(pid: int) -> float | None:
+        """A single-threaded process's CPU seconds, to the nanosecond (``None``: not readable)."""
+        try:
+            with open(f"/proc/{pid}/schedstat") as handle:
+                return int(handle.read().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def sample(self) -> CpuSample:
         servers = [self.root] + [
-            c for c in self.root.children() if "mocksandbox.serving.workers" in " ".join(c.cmdline())
+            c for c in self._children(self.root) if "mocksandbox.serving.workers" in self._cmdline(c)
         ]
-        launchers = [
-            c for server in servers for c in server.children() if "forkserver.py" in " ".join(c.cmdline())
-        ]
+        launchers = [c for s in servers for c in self._children(s) if "forkserver.py" in self._cmdline(c)]
+        relays = [c for launcher in launchers for c in self._children(launcher)]
+        parts: dict[str, dict[tuple[int, float], float]] = {part: {} for part in CPU_PARTS}
+        reaped: dict[tuple[int, float], float] = {}
+        for part, processes in (("server", servers), ("launcher", launchers), ("relays", relays)):
+            for process in processes:
+                try:
+                    key, times = (process.pid, process.create_time()), process.cpu_times()
+                except self._psutil.Error:
+                    continue  # gone since it was listed
+                own = self._schedstat(process.pid) if part != "server" else None
+                parts[part][key] = own if own is not None else times.user + times.system
+                if part == "relays":
+                    reaped[key] = times.children_user + times.children_system
         total = None
         if self.cgroup is not None:
             with open(os.path.join(self.cgroup, "cpuacct.usage")) as handle:
                 total = int(handle.read()) / 1e9
-        return {
-            "server": sum(self._own_seconds(p) for p in servers),
-            "launcher": sum(self._own_seconds(p) for p in launchers),
-            "total": total,
-        }
+        return CpuSample(parts, reaped, total)
+
+    @staticmethod
+    def spent(before: CpuSample, after: CpuSample) -> dict[str, float]:
+        """CPU seconds of each part between two samples. A process that is new in ``after`` counts
+        from its start; one gone from it counts nothing (see the class)."""
+
+        def grown(earlier: dict[tuple[int, float], float], later: dict[tuple[int, float], float]) -> float:
+            return sum(seconds - earlier.get(key, 0.0) for key, seconds in later.items())
+
+        spent = {part: grown(before.parts[part], after.parts[part]) for part in CPU_PARTS[:3]}
+        if before.total is not None and after.total is not None:
+            spent["programs"] = after.total - before.total - sum(spent.values())
+        else:
+            spent["programs"] = grown(before.reaped, after.reaped)
+        return spent
 
 
 def _cpuacct_group() -> str | None:
@@ -483,6 +785,90 @@ def _ratio_rows(first: Target, other: Target, levels: list[int]) -> list[dict[st
     return rows
 
 
+def scaling_rows(targets: list[Target]) -> list[dict[str, Any]]:
+    """The scaling curve: for each series measured with several worker counts, each concurrency and
+    worker count, its req/s and their ratio to the fewest workers' at that concurrency."""
+    counts: dict[str, set[int]] = {}
+    for target in targets:
+        if target.series is not None and target.workers is not None:
+            counts.setdefault(target.series, set()).add(target.workers)
+    rows = []
+    for series in [name for name, workers in counts.items() if len(workers) > 1]:
+        members = sorted((t for t in targets if t.series == series), key=lambda t: t.workers or 0)
+        for lv in members[0].levels:
+            base = lv.rps
+            for target in members:
+                mine = target.level(lv.concurrency)
+                rows.append(
+                    {
+                        "series": series,
+                        "target": target.name,
+                        "concurrency": lv.concurrency,
+                        "workers": target.workers,
+                        "rps": mine.rps,
+                        "rps_over_fewest_workers": _ratio(mine.rps, base),
+                        "client_saturated": mine.client_saturated,
+                    }
+                )
+    return rows
+
+
+def _ms(value: float | None, width: int) -> str:
+    return f"{value:>{width}.2f}" if value is not None else f"{'-':>{width}}"
+
+
+def _print_cpu(targets: list[Target], curve: list[dict[str, Any]]) -> None:
+    """CPU per request of each part, each target and level; where some series was measured with
+    several worker counts, in the order of the scaling curve, with its req/s and their ratio."""
+    by_name = {t.name: t for t in targets}
+    rows: list[tuple[Target, Level, float | None]] = [
+        (
+            by_name[row["target"]],
+            by_name[row["target"]].level(row["concurrency"]),
+            row["rps_over_fewest_workers"],
+        )
+        for row in curve
+    ]
+    in_curve = {row["target"] for row in curve}
+    rows += [(t, lv, None) for t in targets if t.name not in in_curve for lv in t.levels]
+    print(
+        "\nScaling curve: req/s by worker count (x: over the fewest workers, same concurrency), and CPU"
+        if curve
+        else "\nCPU"
+    )
+    print(
+        "per request, ms: server (serve process + workers), launcher, relays, programs, client (this\n"
+        "script's load); req/s/core: what the mock's CPU per request allows"
+    )
+    header = (
+        f"{'target':<16} {'conc':>4} {'req/s':>8} {'x':>5} {'server':>7} {'launcher':>8} {'relays':>7} "
+        f"{'programs':>8} {'client':>7} {'req/s/core':>10}"
+    )
+    print(header + "\n" + "-" * len(header))
+    for target, lv, ratio in rows:
+        parts = [lv.server_cpu_ms, lv.launcher_cpu_ms, lv.relays_cpu_ms, lv.programs_cpu_ms]
+        total = sum(p or 0.0 for p in parts)
+        per_core = f"{1000 / total:>10.0f}" if lv.server_cpu_ms is not None and total > 0 else f"{'-':>10}"
+        shown_ratio = f"{ratio:>5.2f}" if ratio is not None else f"{'':>5}"
+        print(
+            f"{target.name:<16} {lv.concurrency:>4} {lv.rps:>8.1f} {shown_ratio} {_ms(parts[0], 7)} "
+            f"{_ms(parts[1], 8)} {_ms(parts[2], 7)} {_ms(parts[3], 8)} {_ms(lv.client_cpu_ms, 7)} {per_core}"
+        )
+    for source in dict.fromkeys(t.programs_cpu_from for t, _, _ in rows if t.programs_cpu_from):
+        print(f"programs: {source}")
+    if any(lv.server_cpu_ms is None for _, lv, _ in rows):
+        print("'-' for the server's parts: a server this script did not start (its tree is not ours)")
+
+
+def _client_cores(level: Level) -> str:
+    """``used/available`` cores of the load generator, ``!`` where it was the limit."""
+    if level.client_cores is None:
+        return "-"
+    return f"{level.client_cores:.2f}/{level.client_cores_available}" + (
+        "!" if level.client_saturated else " "
+    )
+
+
 def print_report(
     targets: list[Target], spawn: dict[str, Any], ratios: dict[str, Any], info: dict[str, Any]
 ) -> None:
@@ -494,36 +880,24 @@ def print_report(
     for key in ("user_python", "host", "load_1min"):
         if info.get(key):
             print(f"  {key.replace('_', ' ')}: {info[key]}")
+    processes = info.get("client_processes", 1)
+    print(
+        f"  client: {info.get('client', 'http')}, "
+        + (f"{processes} processes" if processes > 1 else "threads of this process")
+        + f", on {info.get('client_cores_available', '?')} cores"
+    )
     header = (
         f"{'target':<16} {'conc':>4} {'ok':>5} {'err':>4} {'req/s':>8} "
-        f"{'p50 ms':>8} {'p95 ms':>8} {'mean ms':>8}"
+        f"{'p50 ms':>8} {'p95 ms':>8} {'mean ms':>8} {'client cores':>13}"
     )
     print("\n" + header + "\n" + "-" * len(header))
     for target in targets:
         for lv in target.levels:
             print(
                 f"{target.name:<16} {lv.concurrency:>4} {lv.ok:>5} {lv.errors:>4} {lv.rps:>8.1f} "
-                f"{lv.p50_ms:>8.1f} {lv.p95_ms:>8.1f} {lv.mean_ms:>8.1f}"
+                f"{lv.p50_ms:>8.1f} {lv.p95_ms:>8.1f} {lv.mean_ms:>8.1f} {_client_cores(lv):>13}"
             )
-    measured = [(t, lv) for t in targets for lv in t.levels if lv.server_cpu_ms is not None]
-    if measured:
-        print(
-            "\nCPU per request, ms (server: serve process + workers; launcher; relays + programs),"
-            " and req/s per core that this CPU allows"
-        )
-        cpu_header = (
-            f"{'target':<16} {'conc':>4} {'server':>8} {'launcher':>9} {'programs':>9} {'req/s/core':>11}"
-        )
-        print(cpu_header + "\n" + "-" * len(cpu_header))
-        for target, lv in measured:
-            programs = lv.programs_cpu_ms
-            total = (lv.server_cpu_ms or 0.0) + (lv.launcher_cpu_ms or 0.0) + (programs or 0.0)
-            per_core = f"{1000 / total:>11.0f}" if programs is not None and total > 0 else f"{'-':>11}"
-            shown = f"{programs:>9.2f}" if programs is not None else f"{'-':>9}"
-            print(
-                f"{target.name:<16} {lv.concurrency:>4} {lv.server_cpu_ms:>8.2f} "
-                f"{lv.launcher_cpu_ms:>9.2f} {shown} {per_core}"
-            )
+    _print_cpu(targets, scaling_rows(targets))
     print(
         f"\nbare spawn: {spawn['python']} -c 'print(1)' x{spawn['runs']}: "
         f"p50 {spawn['p50_ms']:.1f} ms, p95 {spawn['p95_ms']:.1f} ms"
@@ -544,6 +918,28 @@ def print_report(
             rounds = row.get("rps_ratio_rounds")
             shown = "" if not rounds else "   rounds: " + " ".join(f"{r:.2f}" for r in rounds)
             print(f"{row['concurrency']:>4} {row['rps_ratio']:>12.2f} {row['p50_ratio']:>10.2f}{shown}")
+    cores = info.get("client_cores_available") or client_cores_available()
+    saturated = [(t, lv) for t in targets for lv in t.levels if lv.client_saturated]
+    full = [
+        (t, lv)
+        for t in targets
+        for lv in t.levels
+        if not lv.client_saturated and (lv.host_cores_busy or 0.0) >= HOST_FULL * cores
+    ]
+    if saturated or full:
+        print()
+    for target, lv in saturated:
+        print(
+            f"client saturated at {target.name} c={lv.concurrency}: clients used {lv.client_cores:.1f} of "
+            f"{lv.client_cores_available} cores; the figure is the client's limit, not the server's"
+            + ("" if processes > 1 else " (try --client-processes)")
+        )
+    for target, lv in full:
+        print(
+            f"host full at {target.name} c={lv.concurrency}: {lv.host_cores_busy:.1f} of {cores} cores busy "
+            f"(clients {lv.client_cores or 0.0:.1f}, the rest the server's and any other work); the figure "
+            "is the host's limit, not the server's alone"
+        )
     for target in targets:
         for lv in target.levels:
             if lv.first_error:
@@ -602,6 +998,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "'requests' (a requests.Session each; about 2 ms more client CPU per call) or "
         "'new-connection' (a new connection per request, as verl's requests.post)",
     )
+    parser.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="spread each level's load threads over N client processes (default 1: threads of this "
+        "process, which share one core): a large machine needs several to load its server; the "
+        "report says when the clients, not the server, were the limit",
+    )
     args = parser.parse_args(argv)
     try:
         args.levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
@@ -615,6 +1020,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--isolation takes none, lite or auto, e.g. none,lite")
     if args.rounds < 1:
         parser.error("--rounds must be positive")
+    if args.client_processes < 1:
+        parser.error("--client-processes must be positive")
     if not args.levels or min(args.levels) < 1 or args.requests < 1:
         parser.error("--concurrency and --requests must be positive")
     return args
@@ -631,20 +1038,36 @@ def main(argv: list[str] | None = None) -> int:
 
     def measure(name: str, url: str, meter: CpuMeter | None = None) -> Target:
         return measure_target(
-            name, url, args.levels, args.requests, args.warmup, args.timeout, workload, args.client, meter
+            name,
+            url,
+            args.levels,
+            args.requests,
+            args.warmup,
+            args.timeout,
+            workload,
+            args.client,
+            meter,
+            pool,
         )
 
     def served(mode: str, workers: int, isolation: str | None) -> Callable[[], Target]:
         def run() -> Target:
             # One served mock at a time: the others would share the cores while idle.
             with served_mock(mode, workers, args.python, isolation) as (url, meter):
+                series = f"mock-{mode}" + (f"-{isolation}" if isolation else "")
                 name = f"mock-{mode}" + (f"-w{workers}" if len(args.worker_counts) > 1 else "")
                 name += f"-{isolation}" if isolation else ""
-                return measure(name, url, meter)
+                target = measure(name, url, meter)
+                target.workers, target.series = workers, series
+                return target
 
         return run
 
     with contextlib.ExitStack() as stack:
+        pool = None
+        if args.client_processes > 1:
+            pool = ClientPool(args.client_processes)
+            stack.callback(pool.close)
         plan: list[Callable[[], Target]] = []
         if args.url:
             plan.append(lambda: measure("mock", args.url))
@@ -678,6 +1101,9 @@ def main(argv: list[str] | None = None) -> int:
             [median_level([r[index].level(c) for r in rounds]) for c in args.levels]
             if args.rounds > 1
             else first.levels,
+            first.workers,
+            first.series,
+            first.programs_cpu_from,
         )
         for index, first in enumerate(rounds[0])
     ]
@@ -701,6 +1127,10 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         "workload": args.workload,
         "client": args.client,
+        "client_processes": args.client_processes,
+        "client_cores_available": client_cores_available(),
+        "client_saturated_from": CLIENT_SATURATED,
+        "host_full_from": HOST_FULL,
         "user_python": python,
         "host": f"{platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}",
         # Other work on the machine skews every figure; this says how busy it was.
@@ -714,6 +1144,7 @@ def main(argv: list[str] | None = None) -> int:
             "targets": [asdict(t) for t in targets],
             "spawn": spawn,
             "ratios": ratios,
+            "scaling": scaling_rows(targets),
         }
         with open(args.json, "w") as handle:
             json.dump(_no_nan(figures), handle, indent=2, allow_nan=False)
@@ -724,4 +1155,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(client_worker() if sys.argv[1:] == ["--client-worker"] else main())

@@ -1,4 +1,5 @@
-"""``benchmarks/bench_run_code.py`` runs, and its rounds are medians with ratios taken per round.
+"""``benchmarks/bench_run_code.py`` runs, and its rounds are medians with ratios taken per round; its
+load spreads over client processes, and it reports each part's CPU and when the clients saturate.
 
 Only what the script computes is checked here, never a speed: figures are the benchmark's to print.
 """
@@ -6,6 +7,7 @@ Only what the script computes is checked here, never a speed: figures are the be
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -51,6 +53,71 @@ def test_the_script_measures_in_rounds_and_says_so(
     assert bench.main([*argv, "--warmup", "0", "--spawn-runs", "2", "--python", sys.executable]) == 0
     out = capsys.readouterr().out
     assert "2 rounds: medians" in out
-    rows = [line.split() for line in out.splitlines() if line.startswith("mock-in-process ")]
-    rows = [row for row in rows if row[1].isdigit()]  # the throughput table's lines
+    throughput = out.split("client cores\n", 1)[1].split("\n\n", 1)[0]  # the first table
+    rows = [line.split() for line in throughput.splitlines() if line.startswith("mock-in-process ")]
     assert [(row[1], row[2]) for row in rows] == [("1", "8"), ("2", "8")]  # 2 rounds x 4 requests, all ok
+
+
+@pytest.mark.parametrize("client", ["http", "new-connection"])
+def test_client_processes_share_the_load_and_report_their_cpu(
+    bench: ModuleType, client: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    figures = tmp_path / "figures.json"
+    argv = ["--modes", "in-process", "--concurrency", "1,3", "--requests", "5", "--client", client]
+    argv += ["--client-processes", "2", "--warmup", "0", "--spawn-runs", "2", "--python", sys.executable]
+    assert bench.main([*argv, "--json", str(figures)]) == 0
+    out = capsys.readouterr().out
+    assert f"client: {client}, 2 processes" in out
+    levels = json.loads(figures.read_text())["targets"][0]["levels"]
+    # Every request answered once; concurrency 1 needs one process, 3 is spread over both.
+    assert [(lv["ok"], lv["client_processes"]) for lv in levels] == [(5, 1), (5, 2)]
+    assert all(lv["client_cpu_ms"] > 0 and lv["client_cores_available"] >= 1 for lv in levels)
+
+
+def test_a_level_whose_clients_used_their_cores_says_so(
+    bench: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    level = bench.Level(16, 10, 10, 0, 1.0, 10.0, 1.0, 1.0, 1.0)
+    level.client_cores, level.client_cores_available, level.client_saturated = 1.9, 2, True
+    spawn = {"python": "python", "runs": 1, "p50_ms": 1.0, "p95_ms": 1.0}
+    ratios = {
+        "first_mock": "mock",
+        "mock_p50_over_spawn_p50": 1.0,
+        "mock_p50_over_spawn_p50_at_concurrency": 16,
+    }
+    info = {"requests": 10, "workload": "print", "client_processes": 2, "client_cores_available": 2}
+    bench.print_report([bench.Target("mock", "", [level])], spawn, ratios, info)
+    assert "client saturated at mock c=16: clients used 1.9 of 2 cores" in capsys.readouterr().out
+
+
+def test_the_meter_counts_new_processes_from_their_start_and_programs_from_the_cgroup(
+    bench: ModuleType,
+) -> None:
+    def sample(relays: dict, reaped: dict, total: float | None) -> object:
+        return bench.CpuSample({"server": {(1, 0.0): 2.0}, "launcher": {}, "relays": relays}, reaped, total)
+
+    old, new = (10, 1.0), (11, 2.0)  # a relay that lived on, one born during the level
+    before = sample({old: 1.0}, {old: 3.0}, 100.0)
+    after = sample({old: 1.5, new: 0.25}, {old: 4.0, new: 0.5}, 103.0)
+    spent = bench.CpuMeter.spent(before, after)
+    assert (spent["server"], spent["relays"]) == (0.0, 0.75)
+    assert spent["programs"] == pytest.approx(3.0 - 0.75)  # the cgroup's rest
+    no_cgroup = bench.CpuMeter.spent(sample({old: 1.0}, {old: 3.0}, None), sample({}, {new: 0.5}, None))
+    assert no_cgroup["programs"] == 0.5  # a relay gone takes its programs with it
+
+
+@pytest.mark.slow  # two `mocksandbox serve` processes, one after the other
+def test_served_workers_make_a_scaling_curve_with_each_part_s_cpu(
+    bench: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    figures = tmp_path / "figures.json"
+    argv = ["--modes", "fork", "--workers", "1,2", "--concurrency", "2", "--requests", "4"]
+    argv += ["--client-processes", "2", "--warmup", "1", "--spawn-runs", "2", "--json", str(figures)]
+    assert bench.main(argv) == 0
+    assert "Scaling curve" in capsys.readouterr().out
+    written = json.loads(figures.read_text())
+    assert [(row["workers"], row["concurrency"]) for row in written["scaling"]] == [(1, 2), (2, 2)]
+    for target in written["targets"]:
+        (level,) = target["levels"]
+        parts = ("server", "launcher", "relays", "programs", "client")
+        assert all(level[f"{part}_cpu_ms"] is not None for part in parts)
