@@ -9,11 +9,17 @@ the default mode.
 the same length where SandboxFusion gave it whole, or a cut one within its spread (a few percent;
 the reader's last read can add up to one 256 KiB chunk, as SandboxFusion's can). With the default
 mode, it gives the whole output, and a divergence note exactly where SandboxFusion cut.
+
+What the host would move is pinned, and tested on other hosts' settings: the send buffer of the
+program's end of its sockets is SandboxFusion's (the default of ``net.core.wmem_default``, a global
+setting this test must not change: sockets made as on hosts with other defaults stand in for it).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +30,7 @@ from mocksandbox import divergence
 from mocksandbox.core import MockSandbox
 from mocksandbox.divergence import SANDBOXFUSION_READER_PAUSE_BYTES
 from mocksandbox.execution.process import _SANDBOXFUSION_READ_CHUNK as SANDBOXFUSION_READ_CHUNK
+from mocksandbox.execution.process import SANDBOXFUSION_SEND_BUFFER
 from mocksandbox.models import RunCodeRequest
 from mocksandbox.recording.cassette import read_cassette
 from mocksandbox.settings import load_settings
@@ -78,9 +85,104 @@ def test_the_cassette_holds_every_kind_of_answer() -> None:
 def test_sandboxfusion_mode_answers_as_sandboxfusion(
     case: tuple[dict[str, Any], list[dict[str, Any]]], sandboxes: dict[str, MockSandbox]
 ) -> None:
+    _answers_as_recorded(sandboxes["sandboxfusion"], case)
+
+
+#: Default socket buffers of other hosts (``net.core.wmem_default`` and ``rmem_default``; Linux's
+#: default is 212992): with either, the sockets' own defaults moved where the mode cut and stalled.
+OTHER_HOSTS_BUFFERS = {"small": 32 * 1024, "large": 1024 * 1024}
+#: The recorded cases that tell: one write cut and Finished, one stalled, print lines cut and
+#: Finished, stalled, and stalled line by line.
+TELLING_CASES = (
+    "stdout-write-300000",
+    "stdout-write-1000000",
+    "stdout-lines-30000",
+    "stdout-lines-200000",
+    "stderr-lines-14000",
+)
+_SO_SNDBUFFORCE, _SO_RCVBUFFORCE = 32, 33  # Linux's; not in Python's socket module
+
+
+def _set_buffer(sock: socket.socket, option: int, force: int, size: int) -> None:
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, force, size // 2)  # the kernel doubles it
+    except PermissionError:
+        sock.setsockopt(socket.SOL_SOCKET, option, size // 2)  # up to net.core.*mem_max
+
+
+@pytest.fixture(params=list(OTHER_HOSTS_BUFFERS), ids=lambda name: f"host-buffers-{name}")
+def other_host_buffers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Sockets made during the test start with another host's default buffers.
+
+    ``net.core.wmem_default`` is global on older kernels and read-only in a network namespace of
+    one's own on newer ones, so a test cannot change it for its own run only; what it sets is the
+    buffers a new socket starts with, so new sockets that start with other buffers are that host."""
+    size = OTHER_HOSTS_BUFFERS[request.param]
+    made = socket.socketpair
+
+    def socketpair(*args: Any, **kwargs: Any) -> tuple[socket.socket, socket.socket]:
+        pair = made(*args, **kwargs)
+        for sock in pair:
+            _set_buffer(sock, socket.SO_SNDBUF, _SO_SNDBUFFORCE, size)
+            _set_buffer(sock, socket.SO_RCVBUF, _SO_RCVBUFFORCE, size)
+        return pair
+
+    monkeypatch.setattr(socket, "socketpair", socketpair)
+    probe, other = socket.socketpair()
+    with probe, other:
+        assert probe.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) != SANDBOXFUSION_SEND_BUFFER
+    return size
+
+
+@pytest.fixture(scope="module")
+def forking_sandbox() -> Iterator[MockSandbox]:
+    box = MockSandbox.create(
+        load_settings(overrides={"port": 0, "output_mode": "sandboxfusion", "exec_mode": "fork"})
+    )
+    yield box
+    box.close()
+
+
+def test_the_programs_sockets_have_sandboxfusions_send_buffer_whatever_the_hosts(
+    forking_sandbox: MockSandbox, other_host_buffers: int
+) -> None:
+    _needs_a_settable_send_buffer()
+    code = (
+        "import socket\n"
+        "sizes = []\n"
+        "for fd in (1, 2):\n"
+        "    sock = socket.socket(fileno=fd)\n"
+        "    sizes.append(sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF))\n"
+        "    sock.detach()\n"
+        "print(*sizes)\n"
+    )
+    body = {"code": code, "language": "python", "run_timeout": 5}
+    result = forking_sandbox.engine.run_code(RunCodeRequest.model_validate(body)).run_result
+    assert result is not None and result.status.value == "Finished", result
+    assert result.stdout.split() == [str(SANDBOXFUSION_SEND_BUFFER)] * 2
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if _case_id(c) in TELLING_CASES], ids=_case_id)
+def test_sandboxfusion_mode_answers_as_recorded_whatever_the_hosts_socket_buffers(
+    case: tuple[dict[str, Any], list[dict[str, Any]]], forking_sandbox: MockSandbox, other_host_buffers: int
+) -> None:
+    _needs_a_settable_send_buffer()
+    _answers_as_recorded(forking_sandbox, case)
+
+
+def _needs_a_settable_send_buffer() -> None:
+    """SANDBOXFUSION_SEND_BUFFER can be had: as root, or within ``net.core.wmem_max``."""
+    wmem_max = int(Path("/proc/sys/net/core/wmem_max").read_text())
+    if os.geteuid() != 0 and wmem_max * 2 < SANDBOXFUSION_SEND_BUFFER:
+        pytest.skip(
+            f"net.core.wmem_max is {wmem_max}: a send buffer of {SANDBOXFUSION_SEND_BUFFER} needs root"
+        )
+
+
+def _answers_as_recorded(box: MockSandbox, case: tuple[dict[str, Any], list[dict[str, Any]]]) -> None:
     body, recorded = case
     with divergence.collecting() as notes:
-        result = sandboxes["sandboxfusion"].engine.run_code(RunCodeRequest.model_validate(body)).run_result
+        result = box.engine.run_code(RunCodeRequest.model_validate(body)).run_result
     assert result is not None
     assert notes == []  # it answers as SandboxFusion does: nothing to say
     assert result.status.value == recorded[0]["status"] and {a["status"] for a in recorded} == {
