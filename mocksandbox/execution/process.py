@@ -33,6 +33,16 @@ _READ_CHUNK = 64 * 1024
 _WRITE_CHUNK = 64 * 1024
 #: What SandboxFusion's event loop (uvloop) reads from a stream at a time.
 _SANDBOXFUSION_READ_CHUNK = 256 * 1024
+#: The send buffer of the program's end of its stdout and stderr sockets (output mode
+#: ``sandboxfusion``): Linux's default (``net.core.wmem_default``), which SandboxFusion's sockets
+#: had where its recordings were made. Once its reader pauses, this decides how much more a
+#: program can write before it blocks, and how the kernel splits one large write (into pieces of
+#: at most half of it): set on every run, not inherited from the host's setting. (An AF_UNIX
+#: stream queues against the sender's buffer only: the reading end's SO_RCVBUF plays no part.)
+SANDBOXFUSION_SEND_BUFFER = 212992
+#: ``SO_SNDBUFFORCE`` (Linux; not in Python's socket module): SO_SNDBUF past ``net.core.wmem_max``,
+#: for a process with CAP_NET_ADMIN.
+_SO_SNDBUFFORCE = 32
 #: How long to keep reading pipes after the run ended and its processes were killed.
 _DRAIN_GRACE_S = 2.0
 #: How long a relay may take to close the status pipe after reporting the program's exit.
@@ -167,6 +177,16 @@ class _StatusReader:
         return os.waitstatus_to_exitcode(self.wait_status)
 
 
+def _set_send_buffer(sock: socket.socket, size: int) -> None:
+    """Give ``sock`` a send buffer of ``size`` bytes, whatever the host's default: beyond
+    ``net.core.wmem_max`` where this process may (CAP_NET_ADMIN), else up to it (the kernel
+    doubles the value it is given, for its bookkeeping, and reports the doubled one)."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, _SO_SNDBUFFORCE, size // 2)
+    except PermissionError:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size // 2)
+
+
 class ProcessRunner:
     """Runs commands through the launcher under a :class:`Confinement`, capturing capped output."""
 
@@ -224,7 +244,8 @@ class ProcessRunner:
         Output mode ``sandboxfusion``: stdout and stderr are Unix socket pairs, as libuv makes them
         for SandboxFusion's server (uvicorn on uvloop), and are read as its asyncio StreamReader
         reads them (``_run_in``): 256 KiB at a time, and not at all once a stream holds more than
-        128 KiB. The kernel's socket buffer then decides when the program blocks, as there.
+        128 KiB. The send buffer of the program's end (:data:`SANDBOXFUSION_SEND_BUFFER`, set
+        here, not the host's default) then decides when the program blocks, as there.
         Measured against SandboxFusion 469de08 (run_timeout 2 s, three runs each): a stream of up
         to 130000 bytes comes back whole; one ``write`` of 220000-300000 bytes comes back cut to
         219264 and ``Finished``, of 1 MB cut to 219264 and ``TimeLimitExceeded``; 140000 bytes and
@@ -236,6 +257,7 @@ class ProcessRunner:
                 os.close(pipes[index][0])
                 os.close(pipes[index][1])
                 ours, theirs = socket.socketpair()  # (not inheritable: close-on-exec, as pipe2's)
+                _set_send_buffer(theirs, SANDBOXFUSION_SEND_BUFFER)
                 pipes[index] = (ours.detach(), theirs.detach())
         (stdin_r, stdin_w), (stdout_r, stdout_w), (stderr_r, stderr_w), (status_r, status_w) = pipes
         request = {
