@@ -18,6 +18,7 @@ import errno
 import fcntl
 import itertools
 import os
+import resource
 import secrets
 import signal
 import threading
@@ -29,6 +30,7 @@ from typing import Protocol
 import psutil
 
 from mocksandbox.execution.budget import (
+    MIN_PER_RUN,
     MemoryBudget,
     ProcessBudget,
     discover_memory_limits,
@@ -50,6 +52,9 @@ class RunJail(Protocol):
     #: A ``cgroup.procs`` file holding the launcher, for it to rewrite while runs keep coming (see
     #: ``forkserver.py``: it keeps cgroup moves fast); ``None`` where runs join no cgroup.
     warm_procs_file: str | None
+    #: ``(resource, limit)`` the run's first process sets (soft and hard) before it starts: what
+    #: bounds a run where no cgroup does.
+    rlimits: list[tuple[int, int]]
 
     def kill_all(self) -> None:
         """Kill every process of the run that is still alive and wait until they are gone."""
@@ -135,6 +140,7 @@ class CgroupJail:
     ) -> None:
         self._dirs = dirs
         self.warm_procs_file = warm_procs_file
+        self.rlimits: list[tuple[int, int]] = []  # the cgroups bound the run
         self._release = release
         self._closed = False
         for directory in dirs.values():
@@ -426,10 +432,11 @@ class CgroupConfinement:
 class ProcessGroupJail:
     """Kills the run's session/process group and every descendant still reachable."""
 
-    def __init__(self) -> None:
+    def __init__(self, rlimits: list[tuple[int, int]] | None = None) -> None:
         self.leader_pid: int | None = None
         self.procs_files: list[str] = []
         self.warm_procs_file: str | None = None
+        self.rlimits = list(rlimits or [])
         self._known: dict[int, psutil.Process] = {}
 
     def attach(self, pid: int) -> None:
@@ -464,25 +471,74 @@ class ProcessGroupJail:
 
 
 class ProcessGroupConfinement:
-    """Fallback when cgroups are not writable: process groups, the process tree and rlimits."""
+    """Fallback when cgroups are not writable: process groups, the process tree and rlimits.
+
+    The rlimits bind where the runs are not the host's root (whom they do not bind), and are set
+    soft and hard (a run's root in a user namespace may not raise a hard limit):
+
+    * ``RLIMIT_NPROC`` counts the processes of the run's uid in its user namespace (and the
+      kernel holds every enclosing namespace's count to the limit its creator had). Runs in user
+      namespaces of their own, one per relay (``delegate_runs_to``), get the budget's share of one
+      run: each run is bounded apart. Runs that share the server's uid outside any (isolation none,
+      a server that is not root) get its limit less what the budget keeps for the server: a fork
+      bomb stops before the server's threads do.
+    * ``RLIMIT_DATA`` (a process's heap and private writable memory; not its address space, which
+      runtimes such as V8 and the JVM reserve in the gigabytes) and ``RLIMIT_FSIZE`` (one file's
+      size: scratch space) at ``max_memory_mb``: per process, not per run.
+    """
 
     name = "process-group"
 
     def __init__(
-        self, budget: ProcessBudget | None = None, memory_budget: MemoryBudget | None = None
+        self,
+        budget: ProcessBudget | None = None,
+        memory_budget: MemoryBudget | None = None,
+        max_memory_mb: int = 4096,
     ) -> None:
         self.budget = budget if budget is not None else ProcessBudget(None, 0, None, 0)
         # Read, shown, but enforced by nothing here: no cgroup to cap the runs together.
         self.memory_budget = memory_budget if memory_budget is not None else MemoryBudget(None, 0, None, 0)
+        self.max_memory_bytes = max_memory_mb * 1024 * 1024
+        #: The uid runs are, where it is theirs alone.
+        self._runs_uid: int | None = None
 
     def new_jail(self) -> ProcessGroupJail:
-        return ProcessGroupJail()
+        return ProcessGroupJail(self.rlimits())
 
     def delegate_runs_to(self, uid: int | None, gid: int | None) -> None:
-        return None  # nothing to let them into
+        self._runs_uid = uid
+
+    def rlimits(self) -> list[tuple[int, int]]:
+        """``(resource, limit)`` every run gets (see the class)."""
+        limits = [
+            (resource.RLIMIT_DATA, self.max_memory_bytes),
+            (resource.RLIMIT_FSIZE, self.max_memory_bytes),
+        ]
+        processes = self.process_limit()
+        if processes is not None:
+            limits.append((resource.RLIMIT_NPROC, processes))
+        return limits
+
+    def process_limit(self) -> int | None:
+        """The ``RLIMIT_NPROC`` of runs, or ``None`` where none would bind them (the host's root)."""
+        if self._runs_uid is not None:
+            return self.budget.per_run
+        if os.geteuid() == 0:
+            return None
+        soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+        if soft == resource.RLIM_INFINITY:
+            return self.budget.runs_total
+        return max(MIN_PER_RUN, soft - self.budget.server_reserve)
 
     def describe(self) -> str:
-        return "process group per run (no cgroups: fork bombs and memory are bounded only by rlimits)"
+        processes = self.process_limit()
+        whose = "each run" if self._runs_uid is not None else "this user's processes"
+        bound = "nothing bounds a fork bomb of the host's root"
+        if processes is not None:
+            bound = f"RLIMIT_NPROC {processes} for {whose}"
+        megabytes = self.max_memory_bytes // (1024 * 1024)
+        per_process = f"RLIMIT_DATA and RLIMIT_FSIZE {megabytes} MiB per process"
+        return f"process group per run, no cgroups: {bound}; {per_process}"
 
     def close(self) -> None:
         return None
@@ -511,4 +567,4 @@ def create_confinement(
                     raise
         elif mode == "cgroup":
             raise OSError(errno.EACCES, "cgroup v1 pids/memory/freezer controllers are not writable here")
-    return ProcessGroupConfinement(budget, memory_budget)
+    return ProcessGroupConfinement(budget, memory_budget, max_memory_mb)

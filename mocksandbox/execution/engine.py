@@ -294,8 +294,8 @@ class ExecutionEngine:
         try:
             result = self.runner.run(
                 CommandSpec(
-                    # Its pid (1 of its own PID namespace's, or close), and which host uid its root is.
-                    command="echo $$ $(cat /proc/self/uid_map) world",
+                    # Its PID namespace, its pid there, and which host uid its root is.
+                    command="echo $(readlink /proc/self/ns/pid) $$ $(cat /proc/self/uid_map) world",
                     cwd=workspace.cwd,
                     env=self._base_env,
                     stdin=None,
@@ -309,10 +309,15 @@ class ExecutionEngine:
         if result.status != CommandRunStatus.Finished or result.return_code != 0 or words[-1:] != ["world"]:
             cause = (result.stderr or result.stdout or str(result.status)).strip().splitlines()
             raise IsolationError(cause[-1] if cause else "the start-up run failed")
-        if words[0] == str(os.getpid()) or not words[0].isdigit() or int(words[0]) > 64:
-            raise IsolationError(f"the start-up run was not in a PID namespace of its own (pid {words[0]})")
+        # Not the server's namespace (a server in a container may well be pid 2 itself, as the run
+        # is in its own), and a new one: the run's pid is among its first.
+        namespace, pid = words[0], words[1] if len(words) > 1 else ""
+        if namespace == os.readlink("/proc/self/ns/pid") or not pid.isdigit() or int(pid) > 64:
+            raise IsolationError(
+                f"the start-up run was not in a PID namespace of its own ({namespace}, pid {pid})"
+            )
         run_uid = self.isolation.run_uid
-        host_root = words[1:3] if len(words) >= 4 else []
+        host_root = words[2:4] if len(words) >= 5 else []
         if run_uid is not None and host_root != ["0", str(run_uid)]:
             raise IsolationError(
                 f"the start-up run's root was not uid {run_uid} on the host (uid map {host_root})"
@@ -501,7 +506,10 @@ def _start_engine(
     hidden_variables = tuple(
         sorted(k for k in os.environ if is_credential_variable(k) and k not in settings.run_env_keep)
     )
-    reason = lite_unavailable_reason(confinement.name) if settings.isolation != "none" else "asked for"
+    reason = lite_unavailable_reason() if settings.isolation != "none" else "asked for"
+    is_root = os.geteuid() == 0
+    if reason is None and not is_root and settings.run_as == "root":
+        reason = "runs as the host's root (run_as: root) need a server started as root"
     if settings.isolation == "lite" and reason is not None:
         raise IsolationError(f"isolation lite is not available here: {reason}")
     if settings.run_as == "user" and reason is not None:
@@ -527,7 +535,7 @@ def _start_engine(
                 )
                 return engine, confinement, launcher
             except (OSError, IsolationError, LauncherError) as exc:
-                if as_user and settings.run_as == "auto":
+                if as_user and settings.run_as == "auto" and is_root:
                     # The world without a user namespace of its own may still be had.
                     as_user, run_as_reason = False, f"an unprivileged uid failed its start-up run: {exc}"
                     continue
@@ -558,7 +566,8 @@ def _start_lite(
     launcher: Launcher | None = None
     try:
         tmp_root = settings.tmp_root or tempfile.gettempdir()
-        runs_root = RunsRoot(tmp_root)
+        # Only root may mount a tmpfs for them on the host; another user's runs keep theirs on disk.
+        runs_root = RunsRoot(tmp_root, mount=os.geteuid() == 0)
         hidden = tuple(_hidden_paths(settings))
         hidden_prefixed = server_private_prefixes(settings.tmp_root)
         world: dict[str, Any] = {
@@ -574,9 +583,17 @@ def _start_lite(
         except FilterUnavailable as exc:
             filter_reason = str(exc)
         run_uid: int | None = None
-        if as_user:
+        if as_user and os.geteuid() != 0:
+            # Root in a user namespace of each relay's own, the server's uid on the host.
+            run_uid = os.geteuid()
+            world["userns"] = {"uid": run_uid, "gid": os.getegid(), "count": 1, "self_mapped": True}
+            confinement.delegate_runs_to(run_uid, os.getegid())
+        elif as_user:
             run_uid = reserve_run_uids()
-            world["userns"] = {"uid": run_uid, "gid": run_uid, "count": RUN_UID_COUNT}
+            # Where no cgroup bounds a run, RLIMIT_NPROC must, and the kernel counts it per user
+            # namespace: each relay then nests one of its own.
+            nested = confinement.name == "process-group"
+            world["userns"] = {"uid": run_uid, "gid": run_uid, "count": RUN_UID_COUNT, "nested": nested}
             world["mapped_roots"] = _mapped_roots(settings, runs_root.path, tmp_root)
             confinement.delegate_runs_to(run_uid, run_uid)
         launcher = Launcher(settings.python, env, world)

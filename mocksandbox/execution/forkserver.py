@@ -118,12 +118,19 @@ def _prefer_for_oom_kill() -> None:
 
 
 def _apply_memory_limit(megabytes: int) -> None:
-    """SandboxFusion's limit: soft RLIMIT_AS, RLIMIT_DATA and RLIMIT_STACK of N MiB."""
+    """SandboxFusion's limit: soft RLIMIT_AS, RLIMIT_DATA and RLIMIT_STACK of N MiB (within the
+    hard limits the run's confinement set)."""
     if megabytes > 0:
         limit = megabytes * 1024 * 1024
         for which in (resource.RLIMIT_AS, resource.RLIMIT_DATA, resource.RLIMIT_STACK):
             hard = resource.getrlimit(which)[1]
-            resource.setrlimit(which, (limit, hard))
+            resource.setrlimit(which, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
+
+
+def _apply_rlimits(limits: list) -> None:
+    """The run's confinement's rlimits (``[resource, limit]``), soft and hard alike."""
+    for which, limit in limits:
+        resource.setrlimit(which, (limit, limit))
 
 
 class _ThreadStackDefault:
@@ -292,6 +299,7 @@ def _start_program(request: dict, fds: list) -> None:
         # Joined here, by the program, rather than by the relay: the relay stays outside the run's
         # groups and can serve the next run. Nothing runs in the program before this line.
         _join_cgroups(request["cgroup_procs"])
+        _apply_rlimits(request.get("rlimits", ()))
         if request.get("world") is not None:
             _WORLD.enter(request["cwd"])
     except BaseException as exc:
@@ -569,11 +577,21 @@ class _RunUsers:
 
     The launcher first moves into a mount namespace of its own (a slave of the host's, so that
     later mounts of the host still reach its plain runs): none of this is ever seen on the host.
+
+    A server that is not root (``self_mapped``) can do none of that: each relay makes a user
+    namespace of its own, mapping its root to the server's uid alone (what any user may do where
+    unprivileged user namespaces are allowed). The host's files are then seen with their own
+    owners, those of other users (root's) as nobody's: read-only to the run, as on the host.
     """
 
     def __init__(self, config: dict, calls: _Syscalls) -> None:
         users = config["userns"]
         self.uid, self.gid, self.count = users["uid"], users["gid"], users["count"]
+        self.self_mapped = bool(users.get("self_mapped"))
+        self.nested = bool(users.get("nested"))
+        self.userns = self.base = -1
+        if self.self_mapped:
+            return
         calls.unshare(_CLONE_NEWNS)
         calls.mount(None, "/", None, _MS_REC | _MS_SLAVE)
         self.userns = self._make_namespace(calls)
@@ -621,11 +639,28 @@ class _RunUsers:
         """In a new relay: into the runs' user namespace as its root, then into a new PID namespace
         for the relay's own child (that namespace belongs to the user namespace: the relay may mount
         its /proc). The working directory is the base: the relay finds the mounts there."""
+        if self.self_mapped:
+            # A user namespace of this relay's own: its root is the server's uid, as the kernel
+            # lets any process map its own uid (and its gid, once it gave up setgroups).
+            calls.unshare(_CLONE_NEWUSER)
+            _write_text("/proc/self/setgroups", "deny")
+            _write_text("/proc/self/uid_map", f"0 {self.uid} 1\n")
+            _write_text("/proc/self/gid_map", f"0 {self.gid} 1\n")
+            calls.unshare(_CLONE_NEWPID)
+            return
         os.fchdir(self.base)
         calls.setns(self.userns, _CLONE_NEWUSER)
         os.setgroups([])
         os.setresgid(0, 0, 0)
         os.setresuid(0, 0, 0)
+        if self.nested:
+            # A user namespace of this relay's own inside the runs' (its root theirs): the kernel
+            # counts RLIMIT_NPROC per user namespace and uid, so that the limit bounds this relay's
+            # runs alone, where no cgroup bounds them. (Their other uids are not mapped there.)
+            calls.unshare(_CLONE_NEWUSER)
+            _write_text("/proc/self/setgroups", "deny")
+            _write_text("/proc/self/uid_map", "0 0 1\n")
+            _write_text("/proc/self/gid_map", "0 0 1\n")
         calls.unshare(_CLONE_NEWPID)
 
 
@@ -649,7 +684,11 @@ class _World:
         #: Where the host's root file system is seen as the runs see it (their lowest layer): the
         #: idmapped copy in a user namespace (there the host's own "/" shows its root's files as
         #: nobody's), else "/" itself.
-        self.host = self.scratch + "/host" if self.users else ""
+        self.host = self.scratch + "/host" if self.users and "mapped_roots" in config else ""
+        #: An unprivileged relay may not take the host's root file system as one layer (the mounts
+        #: under it are locked to it in a user namespace, and overlayfs refuses such a layer): each
+        #: top-level dir of it is a layer of its own then (``_host_tops``), else ``None``.
+        self.tops = None
         #: The xattrs overlayfs keeps its marks in (a user namespace may only write user.*).
         self.opaque_xattr = "user.overlay.opaque" if self.users else "trusted.overlay.opaque"
         private_network = config.get("network", "private") == "private"
@@ -658,7 +697,7 @@ class _World:
         calls.mount(None, "/", None, _MS_REC | _MS_PRIVATE)
         # This PID namespace's own /proc (the relay is its PID 1).
         calls.mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
-        if self.users:
+        if self.host:
             # The idmapped copies (in the base, our working directory) over the host dirs they
             # copy: the runs' layers and the sessions' dirs are then the run's own at their paths.
             for index, root in enumerate(config["mapped_roots"]):
@@ -681,7 +720,7 @@ class _World:
         calls.mount("tmpfs", self.scratch, "tmpfs", _MS_NOSUID, "mode=0700,size=8m")
         for name in ("mask", "sys", "pts", "root"):
             os.mkdir(self.scratch + "/" + name, 0o755)
-        if self.users:
+        if self.host:
             os.mkdir(self.host, 0o755)
             calls.mount("lower", self.host, None, _MS_BIND)
         read_only_sys = _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
@@ -700,11 +739,14 @@ class _World:
             self.has_pts = True
         except OSError:
             self.has_pts = False
+        if self.users and not self.host:
+            self.tops = self._host_tops()
         #: Dirs whose entries with a prefix are hidden as they come and go: ``[dir, prefix]``.
         self.hidden_prefixes = [tuple(pair) for pair in config.get("hide_prefixed", [])]
         self._scanned: dict = {}
         self._masked: dict = {}
-        self._build_mask(config.get("hide", []))
+        self.hidden = config.get("hide", [])
+        self._build_mask(self.hidden)
         self.keep_caps = set(config["keep_caps"])
         calls.drop_bounding_set(self.keep_caps)
         calls.prepare_capabilities(self.keep_caps)
@@ -756,9 +798,50 @@ class _World:
         except OSError:
             pass  # an owner the runs' user namespace does not map (its root's, then)
 
+    @staticmethod
+    def _host_tops() -> list:
+        """``(name, how)`` for each dir at the top of the host's root file system that is a layer
+        of its own in a run's root: ``overlay`` (copy-on-write, as the whole root elsewhere), or
+        ``bind`` (read-only: something is mounted inside it, which an unprivileged overlay may not
+        take as a layer). Empty dirs are left to the mask, where they are plain dirs; so are /proc,
+        /sys and /dev (made for each run), and /tmp and /run, which a run finds as in a fresh
+        container: its own files only, not the host's, its users' or their sockets (an agent's, a
+        session bus, Docker's: a socket's path reaches across network namespaces)."""
+        with open("/proc/self/mountinfo") as mountinfo:
+            mounted = [line.split()[4] for line in mountinfo]
+        tops = []
+        for name in sorted(os.listdir("/")):
+            path = "/" + name
+            if name in ("proc", "sys", "dev", "tmp", "run"):
+                continue
+            try:
+                info = os.lstat(path)
+            except OSError:
+                continue
+            if info.st_mode & 0o170000 != 0o040000:
+                continue
+            try:
+                if not os.listdir(path):
+                    continue
+            except OSError:
+                pass  # unreadable (root's home): a layer still, as unreadable as on the host
+            inside = any(point.startswith(path + "/") for point in mounted)
+            tops.append((name, "bind" if inside else "overlay"))
+        return tops
+
     def _build_mask(self, hidden: list) -> None:
         """The layer between each run's upper layer and the host: a /dev of harmless devices, and
-        every hidden path (secrets, the server's state) present but empty."""
+        every hidden path (secrets, the server's state) present but empty. Where the host's top
+        dirs are layers of their own (``tops``), the mask holds the top of the host's tree too."""
+        if self.tops is not None:
+            for name in os.listdir("/"):
+                try:
+                    if os.path.islink("/" + name):
+                        os.symlink(os.readlink("/" + name), self.mask + "/" + name)
+                    elif os.path.isdir("/" + name):
+                        self._mask_dir("/" + name, False)
+                except OSError:
+                    continue
         dev = self._mask_dir("/dev", True)
         for name, major, minor in _DEVICES:
             if self.users:
@@ -826,7 +909,14 @@ class _World:
         if self.mounted:  # the last run's, if its unmount failed
             self.unmount_run()
         self.refresh_mask()
-        lowers = ":".join([*world["lowers"], self.mask, self.host or "/"])
+        tops = self.tops or ()
+        for name, how in tops:
+            if how == "overlay":  # made before the root's overlay: its upper must not change under it
+                os.makedirs(world["upper"] + "/" + name, 0o755, exist_ok=True)
+                os.makedirs(world["work"] + "." + name, 0o700, exist_ok=True)
+        lowers = ":".join(
+            [*world["lowers"], self.mask, *(() if self.tops is not None else (self.host or "/",))]
+        )
         # No redirects, no index: what the server reads back through the layers (world.py) only
         # has whiteouts and opaque dirs to follow. (In a user namespace overlayfs keeps its marks
         # in user.* xattrs, and "off" would still follow redirects there: "nofollow".)
@@ -836,6 +926,8 @@ class _World:
         )
         self.calls.mount("overlay", self.root, "overlay", 0, options)
         self.mounted = True
+        for name, how in tops:
+            self._mount_top(name, how, world)
         self.calls.mount("/proc", self.root + "/proc", None, _MS_BIND | _MS_REC)
         self.calls.mount(self.scratch + "/sys", self.root + "/sys", None, _MS_BIND | _MS_REC)
         if self.has_pts:
@@ -848,6 +940,25 @@ class _World:
         for source, target in world.get("binds", ()):
             os.makedirs(self.root + target, 0o755, exist_ok=True)
             self.calls.mount(source, self.root + target, None, _MS_BIND)
+
+    def _mount_top(self, name: str, how: str, world: dict) -> None:
+        """The host's top dir ``name`` in the run's root: its own overlay (its upper and lowers the
+        run's layers' dirs of that name, so that the server reads them as ever), or read-only."""
+        target = self.root + "/" + name
+        if how == "bind":
+            self.calls.mount("/" + name, target, None, _MS_BIND | _MS_REC)
+            self.calls.mount(None, target, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY)
+            for hidden in self.hidden:  # no mask below a bind: the mask's empty ones bound over them
+                if hidden.startswith("/" + name + "/") and os.path.lexists(self.mask + hidden):
+                    self.calls.mount(self.mask + hidden, self.root + hidden, None, _MS_BIND)
+            return
+        below = [layer + "/" + name for layer in world["lowers"]]
+        below += [self.mask + "/" + name, "/" + name]
+        lowers = ":".join(path for path in below if os.path.isdir(path))
+        options = f"lowerdir={lowers},upperdir={world['upper']}/{name},workdir={world['work']}.{name}"
+        self.calls.mount(
+            "overlay", target, "overlay", 0, options + ",userxattr,redirect_dir=nofollow,index=off"
+        )
 
     def unmount_run(self) -> None:
         if self.mounted:

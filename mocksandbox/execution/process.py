@@ -269,6 +269,7 @@ class ProcessRunner:
             "env": None if spec.env == self.launcher.env else dict(spec.env),
             "cgroup_procs": jail.procs_files,
             "warm_procs_file": jail.warm_procs_file,
+            "rlimits": jail.rlimits,
             "memory_limit_mb": spec.memory_limit_mb,
             "world": None if spec.world is None else dict(spec.world),
         }

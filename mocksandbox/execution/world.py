@@ -208,6 +208,11 @@ class Isolation:
         """Who a run is on the host."""
         if self.mode == "none":
             return "runs are this server's user"
+        if self.run_uid is not None and self.run_uid == os.geteuid():
+            return (
+                f"runs are uid {self.run_uid} on the host, this server's user (root only in a user "
+                "namespace of their own; the host's other files are read-only to them, as to this user)"
+            )
         if self.run_uid is not None:
             return f"runs are uid {self.run_uid} on the host (root only in a user namespace of their own)"
         because = f" ({self.run_as_reason})" if self.run_as_reason else ""
@@ -251,20 +256,32 @@ def reserve_run_uids() -> int:
 
 
 def run_as_user_unavailable_reason() -> str | None:
-    """Why runs cannot be an unprivileged uid here (``None``: they may; the start-up run proves it)."""
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return "an unprivileged range of uids for runs needs a server started as root"
+    """Why runs cannot be root only in a user namespace of their own here (``None``: they may; the
+    start-up run proves it). A root server maps them to a range of unprivileged uids; any other
+    server to its own uid, which needs unprivileged user namespaces."""
     if not os.path.exists("/proc/self/ns/user"):
         return "this kernel has no user namespaces"
+    if os.geteuid() == 0:
+        return None
+    for knob, off in (
+        ("/proc/sys/user/max_user_namespaces", "0"),
+        ("/proc/sys/kernel/unprivileged_userns_clone", "0"),
+    ):
+        try:
+            if Path(knob).read_text().strip() == off:
+                setting = knob.removeprefix("/proc/sys/").replace("/", ".")
+                return f"this host allows users no user namespaces ({setting} = {off})"
+        except OSError:
+            continue
     return None
 
 
-def lite_unavailable_reason(confinement_name: str) -> str | None:
-    """Why ``lite`` cannot work here (``None``: it may; the start-up run proves it)."""
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return "lite needs root (run the server as root, e.g. in a container)"
-    if confinement_name != "cgroup":
-        return "lite needs cgroup confinement (writable v1 pids, memory and freezer controllers)"
+def lite_unavailable_reason(confinement_name: str = "") -> str | None:
+    """Why ``lite`` cannot work here (``None``: it may; the start-up run proves it). Worlds need
+    namespaces and overlayfs, and root or unprivileged user namespaces; confinement (cgroups or
+    rlimits) is apart (``confinement_name`` is no longer a condition)."""
+    if os.geteuid() != 0 and run_as_user_unavailable_reason() is not None:
+        return f"lite needs root or unprivileged user namespaces: {run_as_user_unavailable_reason()}"
     try:
         filesystems = Path("/proc/filesystems").read_text()
     except OSError:
@@ -304,14 +321,16 @@ def _mount_tmpfs(path: str, options: str) -> None:
 
 
 class RunsRoot:
-    """The tmpfs holding every request's layers, mounted at ``<tmp root>/mocksandbox-<random>``.
+    """The tmpfs holding every request's layers, mounted at ``<tmp root>/mocksandbox-<random>``;
+    for a server that may not mount (not root: ``mount=False``), a plain dir there.
 
     Its name is random (never derived from a pid, which repeats in every container); a lock held
     on its ``.owner`` file while the server lives tells a later server whether it is stale.
     """
 
-    def __init__(self, parent: str) -> None:
+    def __init__(self, parent: str, mount: bool = True) -> None:
         self.parent = parent
+        self.mounted = mount
         reclaim_stale_runs_roots(parent)
         while True:
             path = os.path.join(parent, _RUNS_ROOT_PREFIX + secrets.token_hex(6))
@@ -322,11 +341,12 @@ class RunsRoot:
                 continue
         self.path = path
         self._closed = False
-        try:
-            _mount_tmpfs(path, "mode=0700")
-        except OSError:
-            os.rmdir(path)
-            raise
+        if mount:
+            try:
+                _mount_tmpfs(path, "mode=0700")
+            except OSError:
+                os.rmdir(path)
+                raise
         self._owner = os.open(os.path.join(path, _OWNER_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         fcntl.flock(self._owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
         #: Where each relay mounts its own scratch tmpfs (in its private mount namespace).
@@ -352,6 +372,9 @@ class RunsRoot:
             os.close(self._owner)
         except OSError:
             pass
+        if not self.mounted:
+            shutil.rmtree(self.path, ignore_errors=True)
+            return
         try:
             _umount(self.path)
         except OSError:
@@ -374,8 +397,9 @@ def reclaim_stale_runs_roots(parent: str) -> list[str]:
         if not name.startswith(_RUNS_ROOT_PREFIX):
             continue
         path = os.path.join(parent, name)
-        if not os.path.ismount(path):
-            continue
+        mounted = os.path.ismount(path)
+        if not mounted and not os.path.isdir(os.path.join(path, ".world")):
+            continue  # neither a runs' tmpfs nor a runs' dir
         try:
             owner = os.open(os.path.join(path, _OWNER_FILE), os.O_RDWR | os.O_CLOEXEC)
         except OSError:
@@ -386,6 +410,10 @@ def reclaim_stale_runs_roots(parent: str) -> list[str]:
             continue  # alive
         finally:
             os.close(owner)
+        if not mounted:
+            shutil.rmtree(path, ignore_errors=True)
+            reclaimed.append(path)
+            continue
         try:
             _umount(path)
             os.rmdir(path)
@@ -506,8 +534,8 @@ class LayeredWorkspace:
                 continue
             os.mkdir(host)
             os.chmod(host, mode)
-            if (uid, gid) != (os.geteuid(), os.getegid()):
-                os.chown(host, uid, gid)
+            if (uid, gid) != (os.geteuid(), os.getegid()) and os.geteuid() == 0:
+                os.chown(host, uid, gid)  # (a server that is not root leaves them its own)
 
     # -- the server's writes and reads ------------------------------------------------------------
 
