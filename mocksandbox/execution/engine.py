@@ -317,11 +317,18 @@ class ExecutionEngine:
                 f"the start-up run was not in a PID namespace of its own ({namespace}, pid {pid})"
             )
         run_uid = self.isolation.run_uid
+        if run_uid is None:
+            return
+        # Its root is run_uid on the host: its uid map says so, but for a relay's own namespace
+        # nested in the runs' (then it says "0 0", the runs' root), where the relay's own uid,
+        # read from here, says so.
         host_root = words[2:4] if len(words) >= 5 else []
-        if run_uid is not None and host_root != ["0", str(run_uid)]:
-            raise IsolationError(
-                f"the start-up run's root was not uid {run_uid} on the host (uid map {host_root})"
-            )
+        nested = bool((self.world or {}).get("userns", {}).get("nested"))
+        if host_root != ["0", str(run_uid)] and not (nested and host_root == ["0", "0"]):
+            raise IsolationError(f"the start-up run's root was not uid {run_uid} on the host ({host_root})")
+        relay_uids = self.runner.relay_uids() if isinstance(self.runner, ProcessRunner) else [run_uid]
+        if run_uid not in relay_uids:
+            raise IsolationError(f"the start-up run's relay was not uid {run_uid} on the host ({relay_uids})")
 
     def new_workspace(self) -> HostWorkspace | LayeredWorkspace:
         """One request's files: a temp dir on the host, or (isolation lite) layers of its own."""

@@ -266,6 +266,13 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
     try:
         _write_all(status_fd, _STATUS_PID + pid.to_bytes(8, "little"))
         status = _WORLD.wait_for_program(pid, sock) if world is not None else _wait_for(pid)
+        if world is not None:
+            # Nothing the program started outlives it (as its cgroup's kill would see to, where
+            # there is one): this relay is PID 1 of the run's namespace, -1 is all the rest of it.
+            try:
+                os.kill(-1, _signal.SIGKILL)
+            except OSError:
+                pass  # nothing left
         _write_all(status_fd, _STATUS_EXIT + status.to_bytes(8, "little", signed=True))
     except OSError:
         pass  # the server gave up on this run (it closed its end): nobody to tell
@@ -430,6 +437,7 @@ _MOUNT_ATTR_NODEV = 0x4
 _MOUNT_ATTR_IDMAP = 0x100000
 _PR_CAPBSET_DROP = 24
 _PR_SET_SECCOMP = 22
+_PR_SET_DUMPABLE = 4
 _SECCOMP_MODE_FILTER = 2
 _CAP_LAST = 63
 _SIOCGIFFLAGS = 0x8913
@@ -657,10 +665,14 @@ class _RunUsers:
             # A user namespace of this relay's own inside the runs' (its root theirs): the kernel
             # counts RLIMIT_NPROC per user namespace and uid, so that the limit bounds this relay's
             # runs alone, where no cgroup bounds them. (Their other uids are not mapped there.)
+            # (The uid change made this process undumpable, which gives its /proc files to the
+            # host's root: dumpable again while it writes its maps, and undumpable after.)
             calls.unshare(_CLONE_NEWUSER)
+            calls.libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
             _write_text("/proc/self/setgroups", "deny")
             _write_text("/proc/self/uid_map", "0 0 1\n")
             _write_text("/proc/self/gid_map", "0 0 1\n")
+            calls.libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
         calls.unshare(_CLONE_NEWPID)
 
 

@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
+
 from mocksandbox.divergence import SANDBOXFUSION_READER_PAUSE_BYTES
 from mocksandbox.execution.confinement import Confinement, ProcessGroupJail, RunJail
 from mocksandbox.execution.launcher import Launcher, close_quietly
@@ -215,6 +217,16 @@ class ProcessRunner:
                 stderr=f"exception on running command {spec.command}: {exc} | None",
             )
 
+    def relay_uids(self) -> list[int]:
+        """The host uids of the launcher's relays (what its runs' worlds are made as)."""
+        pid = self.launcher.pid
+        if pid is None:
+            return []
+        try:
+            return [relay.uids().real for relay in psutil.Process(pid).children()]
+        except psutil.Error:
+            return []
+
     def _run_with_retries(self, spec: CommandSpec) -> CommandRunResult:
         """Run ``spec`` in a fresh jail; a launch that fails for want of processes or memory is
         tried again with back-off, within the run's own timeout, then reported (LaunchError)."""
@@ -296,6 +308,9 @@ class ProcessRunner:
         # poll, not epoll: a run watches three or four pipes for a few milliseconds, and poll needs
         # no kernel object of its own (no epoll_create, epoll_ctl per pipe and close): ~10 us less.
         selector = selectors.PollSelector()
+        # A world's pids are its own namespace's: only a run on the host is killed by its pids.
+        by_pid = isinstance(jail, ProcessGroupJail) and spec.world is None
+        released = False
         try:
             for fd in (stdout_fd, stderr_fd, status_fd):
                 os.set_blocking(fd, False)
@@ -317,7 +332,7 @@ class ProcessRunner:
                     if fd == status_fd:
                         if not self._read_status(selector, fd, status) or status.wait_status is not None:
                             exited_at = time.monotonic()
-                        if status.pid is not None and isinstance(jail, ProcessGroupJail):
+                        if status.pid is not None and by_pid and isinstance(jail, ProcessGroupJail):
                             jail.attach(status.pid)
                     elif fd == stdin_fd:
                         try:
@@ -340,14 +355,21 @@ class ProcessRunner:
                 timed_out, elapsed = False, exited_at - started
             if status.launch_error is not None:
                 raise _LaunchFailed(status.launch_error, self._launcher_said(selector, stderr_fd, streams))
-            if status.pid is not None and isinstance(jail, ProcessGroupJail):
+            if status.pid is not None and by_pid and isinstance(jail, ProcessGroupJail):
                 jail.attach(status.pid)
             if not timed_out:
                 # The relay closes the status pipe right after reporting; once it has, it is ready
                 # for another run.
                 self._wait_for_relay(selector, status_fd, status, streams)
             # The run is over: nothing it started may outlive it (or keep our pipes open).
-            jail.kill_all()
+            if isinstance(jail, ProcessGroupJail) and not by_pid:
+                if timed_out:
+                    # Its relay, PID 1 of its namespace, takes every process there with it once let
+                    # go (a program that exited, it killed the rest of, before it said so).
+                    self.launcher.release(relay, False)
+                    released = True
+            else:
+                jail.kill_all()
             drain_deadline = time.monotonic() + _DRAIN_GRACE_S
             # (The status pipe too: a timed-out run's relay reports the kill and is then reusable.)
             while any(fd in selector.get_map() for fd in (*streams, status_fd)):
@@ -368,7 +390,8 @@ class ProcessRunner:
             relay_done = status_fd not in selector.get_map() and (
                 status.wait_status is not None or status.launch_error is not None
             )
-            self.launcher.release(relay, relay_done)
+            if not released:
+                self.launcher.release(relay, relay_done)
             selector.close()
             close_quietly(*open_fds)
 

@@ -7,6 +7,7 @@ and fixtures that start servers share one way of doing it.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
@@ -65,8 +66,71 @@ class ServeProcess:
         return parent
 
 
+#: The hosts a server may find itself on, as this machine can make them for a test (issue 34):
+#: ``root`` (root with this machine's cgroups), ``root-without-cgroups`` (root, no cgroup writable:
+#: what a cgroup v2 host without delegation gives), ``ordinary-user`` (``nobody``, with unprivileged
+#: user namespaces), ``pid-namespace-child`` (root, pid 2 of a PID namespace, as in a container
+#: under tini or ``sh -c``). Each runs in a PID namespace of its own.
+HOST_SHAPES = ("root", "root-without-cgroups", "ordinary-user", "pid-namespace-child")
+#: The uid an ``ordinary-user`` server runs as.
+ORDINARY_UID = 65534
+
+
+def shape_command(shape: str, command: list[str], home: Path | None = None) -> list[str]:
+    """``command`` started as a server on a host of ``shape`` (see :data:`HOST_SHAPES`), always
+    as PID 1 or 2 of a PID namespace of its own, so that nothing it does reaches this machine's
+    other processes, and with a mount namespace of its own where the shape needs one."""
+    if shutil.which("unshare") is None or shutil.which("setpriv") is None:
+        pytest.skip("unshare(1) and setpriv(1) (util-linux) are needed for a host-shape server")
+    script = 'exec "$@"'
+    if shape == "root-without-cgroups":
+        # The cgroup hierarchies hidden behind an empty read-only tmpfs, in this mount namespace only.
+        script = 'mount -t tmpfs -o ro,mode=0555 none /sys/fs/cgroup && exec "$@"'
+    elif shape == "pid-namespace-child":
+        script = '"$@" & wait $!'  # the server is pid 2; sh stays PID 1
+    elif shape == "ordinary-user":
+        assert home is not None, "an ordinary user's server needs a home of its own"
+        script = _reachable_for(
+            ORDINARY_UID, [Path(sys.base_prefix), Path(sys.prefix), Path(__file__).parents[2]]
+        )
+        setpriv = f"setpriv --reuid={ORDINARY_UID} --regid={ORDINARY_UID} --clear-groups --inh-caps=-all"
+        script += f' && exec {setpriv} env HOME={home} TMPDIR={home} "$@"'
+    elif shape != "root":
+        raise ValueError(f"no such host shape: {shape}")
+    unshare = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "--mount"]
+    return [*unshare, "/bin/sh", "-c", script, "sh", *command]
+
+
+def _reachable_for(uid: int, targets: list[Path]) -> str:
+    """Shell lines that make each of ``targets`` reachable to ``uid`` in this mount namespace only:
+    a dir on the way that it may not search (root's 0700 home, where pyenv keeps Python) is covered
+    by a tmpfs holding only the way on, bound from the original."""
+    blocked: dict[Path, set[str]] = {}
+    for target in targets:
+        target = target.resolve()
+        chain = [*reversed(target.parents), target]
+        for parent, child in itertools.pairwise(chain):
+            if not os.stat(parent).st_mode & 0o001 and os.stat(parent).st_uid != uid:
+                blocked.setdefault(parent, set()).add(child.name)
+                break
+    lines = ["true"]
+    for index, (parent, children) in enumerate(blocked.items()):
+        stage = f"/tmp/.mocksandbox-stage-$$-{index}"
+        lines += [f"mkdir -p {stage}", f"mount --bind {parent} {stage}"]
+        lines.append(f"mount -t tmpfs -o mode=0755 none {parent}")
+        for child in sorted(children):
+            lines += [f"mkdir -p {parent}/{child}", f"mount --rbind {stage}/{child} {parent}/{child}"]
+        lines += [f"umount -l {stage}", f"rmdir {stage}"]
+    return " && ".join(lines)
+
+
 def start_serve(
-    *args: str, cgroup: Path | None = None, runs_dir: Path | None = None, pid_namespace: bool = False
+    *args: str,
+    cgroup: Path | None = None,
+    runs_dir: Path | None = None,
+    pid_namespace: bool = False,
+    shape: str | None = None,
+    home: Path | None = None,
 ) -> ServeProcess:
     """``mocksandbox serve --port 0 ARGS``, ready (its banner read up to "press Ctrl-C"), in
     ``cgroup`` and with its runs' temp dirs in ``runs_dir`` if given.
@@ -74,9 +138,13 @@ def start_serve(
     With ``pid_namespace``, the server is PID 1 of a PID namespace of its own (``unshare --pid``):
     for tests of hostile programs, so that one that escaped its run could signal nothing but the
     server and its own kind, never this machine's other processes. Stop it with :func:`stop_serve`
-    (the signal goes to the whole session, the server included)."""
+    (the signal goes to the whole session, the server included). ``shape``: a server on a host of
+    that shape (:func:`shape_command`), ``home`` its user's home."""
     command = [sys.executable, "-m", "mocksandbox.cli", "serve", "--port", "0", *args]
-    if pid_namespace:
+    if shape is not None:
+        command = shape_command(shape, command, home)
+        pid_namespace = True
+    elif pid_namespace:
         if shutil.which("unshare") is None:
             pytest.skip("unshare(1) is not installed: no PID namespace for a hostile-program server")
         command = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", *command]

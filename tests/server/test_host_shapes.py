@@ -1,0 +1,233 @@
+"""The hostile suite on every host shape this machine can make (issue 34): a real ``mocksandbox
+serve`` with its default settings started as root, as root with no writable cgroup, as an ordinary
+user (``nobody``), and as pid 2 of a PID namespace (a container's shape), each with hostile
+programs sent over HTTP.
+
+Every server runs in a PID namespace of the test's own (:func:`serve_process.shape_command`), and
+every canary (files, a home with credentials, a loopback listener) is the test's own, so that a
+failure can hurt nothing of this machine. None of these tests skips where a protection is missing:
+a protection a shape cannot give fails here, as it would fail a user there.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+from serve_process import HOST_SHAPES, NO_PROXY, ORDINARY_UID, ServeProcess, start_serve, stop_serve
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", params=HOST_SHAPES)
+def shape(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def home(shape: str) -> Iterator[Path]:
+    """The server user's home, with credential canaries; somewhere that user can reach."""
+    home = Path(tempfile.mkdtemp(prefix="shape-home-", dir="/tmp"))
+    (home / ".ssh").mkdir(mode=0o700)
+    (home / ".ssh" / "id_ed25519").write_text("CANARY-SSH-KEY\n")
+    (home / "notes.txt").write_text("keep me\n")
+    if shape == "ordinary-user":
+        for path in [home, *home.rglob("*")]:
+            os.chown(path, ORDINARY_UID, ORDINARY_UID)
+    yield home
+    shutil.rmtree(home, ignore_errors=True)
+
+
+#: The server's environment beyond the default settings: its user's home, and a smaller bound on
+#: a run's memory (1 GiB, not 4) so that the scratch and memory tests stay quick.
+def server_environment(home: Path) -> dict[str, str]:
+    return {"HOME": str(home), "MOCKSANDBOX_MAX_MEMORY_MB": "1024"}
+
+
+@pytest.fixture(scope="module")
+def server(shape: str, home: Path) -> Iterator[ServeProcess]:
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in server_environment(home).items():
+            patch.setenv(name, value)
+        process = start_serve(shape=shape, home=home)
+    yield process
+    stop_serve(process.process)
+
+
+def stdout_of(answer: dict[str, object]) -> str:
+    result = answer["run_result"]
+    assert isinstance(result, dict), answer
+    return str(result["stdout"])
+
+
+def answers(server: ServeProcess) -> bool:
+    return requests.get(f"{server.url}/v1/ping", timeout=30, proxies=NO_PROXY).status_code == 200
+
+
+def test_runs_are_never_the_hosts_root(server: ServeProcess, shape: str) -> None:
+    text = "".join(server.banner)
+    assert "isolation: lite" in text, text
+    match = re.search(r"runs are uid (\d+) on the host", text)
+    assert match is not None, text
+    run_uid = int(match.group(1))
+    assert run_uid != 0
+    if shape == "ordinary-user":
+        assert run_uid == ORDINARY_UID
+    assert stdout_of(server.run("id -u", language="bash")) == "0\n"  # root in its world, as on SandboxFusion
+    # ... and that uid on the host, as the kernel says from this side.
+    marker = f"mocksandbox-uid-probe-{uuid.uuid4().hex}"
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(server.run, f"exec -a {marker} sleep 30", language="bash", run_timeout=40)
+        deadline = time.monotonic() + 20
+        found: list[psutil.Process] = []
+        while not found and time.monotonic() < deadline:
+            found = [
+                p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])
+            ]
+            time.sleep(0.05)
+        assert found, "the run's process was not seen from the host"
+        uids = found[0].uids()
+        found[0].kill()
+        answer.result(timeout=30)
+    assert (uids.real, uids.effective, uids.saved) == (run_uid,) * 3
+
+
+def test_host_files_can_be_neither_changed_nor_planted(server: ServeProcess, home: Path) -> None:
+    notes = home / "notes.txt"
+    planted = [f"/etc/mocksandbox-planted-{os.getpid()}", str(home / "planted")]
+    code = (
+        "import os, shutil\n"
+        f"open({str(notes)!r}, 'w').write('changed')\n"
+        f"for path in {planted!r}:\n"
+        "    try:\n"
+        "        open(path, 'w').write('x')\n"
+        "    except OSError:\n"
+        "        pass\n"
+        f"shutil.rmtree({str(home)!r}, ignore_errors=True)\n"
+        "print('done')\n"
+    )
+    assert stdout_of(server.run(code)) == "done\n"
+    assert notes.read_text() == "keep me\n"
+    assert not any(os.path.exists(path) for path in planted)
+
+
+def test_secrets_stay_out(server: ServeProcess, home: Path) -> None:
+    """The server user's credentials look empty, the host's /etc/shadow too (or unreadable), and
+    the kernel's keyrings are out of reach (the seccomp filter)."""
+    code = (
+        "import ctypes, os\n"
+        "def read(path):\n"
+        "    try:\n"
+        "        return open(path).read()\n"
+        "    except OSError as error:\n"
+        "        return type(error).__name__\n"
+        f"print(repr(read({str(home / '.ssh' / 'id_ed25519')!r})))\n"
+        "print(repr(read('/etc/shadow')))\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "libc.syscall.restype = ctypes.c_long\n"
+        "print(libc.syscall(250, 0, -4, 0), os.strerror(ctypes.get_errno()))\n"  # keyctl(GET_KEYRING_ID, @u)
+    )
+    lines = stdout_of(server.run(code)).splitlines()
+    assert lines[0] in ("''", "'FileNotFoundError'"), lines
+    assert lines[1] in ("''", "'PermissionError'"), lines
+    assert lines[2] == "-1 Operation not permitted"
+
+
+def test_no_host_loopback_service_nor_the_control_api_is_reachable(server: ServeProcess) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        api_port = int(server.url.rsplit(":", 1)[1])
+        code = (
+            "import socket\n"
+            f"for port in ({port}, {api_port}):\n"
+            "    try:\n"
+            "        socket.create_connection(('127.0.0.1', port), timeout=3); print('reached')\n"
+            "    except OSError:\n"
+            "        print('refused')\n"
+        )
+        assert stdout_of(server.run(code)) == "refused\nrefused\n"
+
+
+def test_the_server_can_be_neither_seen_nor_signalled(server: ServeProcess) -> None:
+    code = (
+        "import os, signal\n"
+        "print(len([p for p in os.listdir('/proc') if p.isdigit()]) < 5)\n"
+        "try:\n"
+        "    os.kill(-1, signal.SIGKILL)\n"
+        "except ProcessLookupError:\n"
+        "    pass\n"
+        "print('still here')\n"
+    )
+    answer = server.run(code)
+    assert stdout_of(answer) == "True\nstill here\n", answer
+    server.run("kill -9 -1; pkill -9 -f mocksandbox; echo done", language="bash")
+    assert server.process.poll() is None and answers(server)
+
+
+def test_a_fork_bomb_is_bounded(server: ServeProcess) -> None:
+    code = (
+        "import os, time\n"
+        "made = 0\n"
+        "try:\n"
+        "    while made < 5000:\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(60)\n"
+        "            os._exit(0)\n"
+        "        made += 1\n"
+        "except OSError:\n"
+        "    pass\n"
+        "print(made)\n"
+    )
+    answer = server.run(code, run_timeout=20)
+    made = stdout_of(answer).strip()
+    assert made.isdigit() and int(made) < 5000, answer  # stopped by the run's process bound
+    bomb = server.run(":(){ :|:& };:", language="bash", run_timeout=3)
+    assert bomb["run_result"] is not None
+    assert stdout_of(server.run("print('alive')")) == "alive\n"
+
+
+def test_a_memory_hog_is_bounded(server: ServeProcess) -> None:
+    code = "x = bytearray(64 * 1024**3)\nprint('survived')"
+    answer = server.run(code, run_timeout=20)
+    assert answer["status"] == "Failed" and "survived" not in stdout_of(answer), answer
+    grower = (
+        "chunks = []\n"
+        "for _ in range(64 * 1024):\n"
+        "    chunks.append(bytearray(1024 * 1024))\n"
+        "print('survived')\n"
+    )
+    answer = server.run(grower, run_timeout=30)
+    assert "survived" not in stdout_of(answer), answer
+    assert stdout_of(server.run("print('alive')")) == "alive\n"
+
+
+def test_scratch_space_is_bounded(server: ServeProcess) -> None:
+    code = (
+        "import os\n"
+        "written = 0\n"
+        "try:\n"
+        "    with open('scratch', 'wb') as out:\n"
+        "        block = b'x' * (1 << 20)\n"
+        "        while written < (64 << 30):\n"
+        "            out.write(block)\n"
+        "            written += len(block)\n"
+        "except OSError as error:\n"
+        "    print('stopped', error.errno)\n"
+        "print(written >> 30)\n"
+    )
+    answer = server.run(code, run_timeout=60)
+    assert "stopped" in stdout_of(answer) or answer["status"] == "Failed", answer
+    assert stdout_of(server.run("print('alive')")) == "alive\n"
