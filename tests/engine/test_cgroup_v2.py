@@ -44,6 +44,7 @@ from mocksandbox.execution.cgroup_v2 import (
     reclaim_dead_subtrees,
     set_limits,
 )
+from mocksandbox.execution.confinement import CgroupConfinement, ProcessGroupConfinement, create_confinement
 from mocksandbox.execution.world import lite_unavailable_reason
 from mocksandbox.models import RunCodeRequest, RunStatus
 from mocksandbox.settings import load_settings
@@ -863,3 +864,57 @@ def test_the_real_engine_runs_each_program_in_its_v2_group(
     finally:
         box.close()
     assert not confinement.subtree.exists()
+
+
+# -- choosing a confinement ----------------------------------------------------------------------
+
+
+def test_auto_never_takes_v2_without_the_pids_and_memory_controllers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With v1 out of the way: v2 where this host's v2 gives pids and memory, else process groups
+    saying why; ``cgroup-v2`` and ``cgroup`` then refuse, naming both versions."""
+    monkeypatch.setattr(CgroupConfinement, "available", classmethod(lambda cls: False))
+    why_not_v2 = cgroup_v2.unavailable_reason()
+    chosen = create_confinement("auto", 64, 256)
+    try:
+        if why_not_v2 is not None:
+            assert isinstance(chosen, ProcessGroupConfinement)
+            assert f"cgroup v2: {why_not_v2}" in chosen.describe()
+            assert "cgroup v1: pids/memory/freezer controllers are not writable here" in chosen.describe()
+            for mode in ("cgroup", "cgroup-v2"):
+                with pytest.raises(OSError) as refused:
+                    create_confinement(mode, 64, 256)
+                assert why_not_v2 in str(refused.value)
+        elif isinstance(chosen, CgroupV2Confinement):
+            assert chosen.controllers == ("pids", "memory")
+        else:  # offered, but this process shares its cgroup (e.g. with pytest-xdist's workers)
+            assert isinstance(chosen, ProcessGroupConfinement)
+            assert "cgroup v2: " in chosen.describe() and "holds other processes" in chosen.describe()
+    finally:
+        chosen.close()
+    assert (
+        create_confinement("process-group", 64, 256)
+        .describe()
+        .startswith("process group per run (no cgroups")
+    )
+
+
+@needs_v2
+def test_this_hosts_v2_is_offered_only_with_pids_and_memory() -> None:
+    assert _OWN is not None
+    offered = (home_of(_OWN) / "cgroup.controllers").read_text().split()
+    has_both = {"pids", "memory"} <= set(offered)
+    assert CgroupV2Confinement.available() == has_both
+    if not has_both:
+        with pytest.raises(OSError) as refused:
+            CgroupV2Confinement(64, 256)
+        assert refused.value.errno == errno.EOPNOTSUPP
+
+
+def test_v1_stays_first_where_it_is_writable() -> None:
+    if not CgroupConfinement.available():
+        pytest.skip("cgroup v1 pids/memory/freezer controllers are not writable here")
+    chosen = create_confinement("cgroup", 64, 256)
+    try:
+        assert isinstance(chosen, CgroupConfinement)
+    finally:
+        chosen.close()
