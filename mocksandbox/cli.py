@@ -192,8 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--confinement",
-        choices=["auto", "cgroup", "process-group"],
-        help="how runs are confined (default auto: cgroups where writable)",
+        choices=["auto", "cgroup", "cgroup-v2", "process-group"],
+        help="how runs are confined (default auto: cgroup v1, else v2, where writable)",
     )
     serve.add_argument(
         "--isolation",

@@ -55,8 +55,9 @@ class Settings(BaseModel):
     #: ``fork``: Python programs run in a forked warm interpreter (no start-up cost); ``spawn``:
     #: every program is a new process, as in SandboxFusion. Fork falls back to spawn where it must.
     exec_mode: Literal["fork", "spawn"] = "fork"
-    #: How runs are confined: a cgroup per run where the host allows it, else process groups and rlimits.
-    confinement: Literal["auto", "cgroup", "process-group"] = "auto"
+    #: How runs are confined: a cgroup per run where the host allows it (``auto``: cgroup v1, else
+    #: v2, else process groups and rlimits); ``cgroup``: v1 or v2, ``cgroup-v2``: v2 only.
+    confinement: Literal["auto", "cgroup", "cgroup-v2", "process-group"] = "auto"
     #: What a run can see and touch (see ``mocksandbox.execution.world``): ``lite`` gives every run
     #: a world of its own (copy-on-write files, own PID, network, IPC and UTS namespaces, secrets
     #: hidden, fewer capabilities); ``none`` runs programs in the host's, as SandboxFusion's

@@ -1,12 +1,14 @@
 """Confining one run: every process it starts is bounded, and all of them die when it ends.
 
-Two implementations behind one small interface:
+Three implementations behind one small interface:
 
 * :class:`CgroupConfinement` (cgroup v1 ``pids``, ``memory`` and ``freezer``): a cgroup per run caps
   its process count (a fork bomb hits ``pids.max``) and memory (a hog is OOM-killed, rc -9), and
   lets the whole tree be frozen and killed, including children that called ``setsid`` or
   double-forked. Works for root, which rlimits like ``RLIMIT_NPROC`` do not bind. The parents of
   the runs' groups cap all runs together (see :mod:`mocksandbox.execution.budget`).
+* :class:`~mocksandbox.execution.cgroup_v2.CgroupV2Confinement`: the same on cgroup v2 (``pids``,
+  ``memory``, ``cgroup.kill``), in a subtree of the server's own cgroup; see that module.
 * :class:`ProcessGroupConfinement`: a fallback where cgroups are not writable. Each run has its own
   session and process group, which is killed as a group; descendants that left the group are found
   through the process tree while their parent lives. Weaker, and said so at start-up.
@@ -485,6 +487,8 @@ class ProcessGroupConfinement:
     * ``RLIMIT_DATA`` (a process's heap and private writable memory; not its address space, which
       runtimes such as V8 and the JVM reserve in the gigabytes) and ``RLIMIT_FSIZE`` (one file's
       size: scratch space) at ``max_memory_mb``: per process, not per run.
+
+    ``why``: why no cgroup could be had (shown by :meth:`describe`).
     """
 
     name = "process-group"
@@ -494,6 +498,7 @@ class ProcessGroupConfinement:
         budget: ProcessBudget | None = None,
         memory_budget: MemoryBudget | None = None,
         max_memory_mb: int = 4096,
+        why: str = "",
     ) -> None:
         self.budget = budget if budget is not None else ProcessBudget(None, 0, None, 0)
         # Read, shown, but enforced by nothing here: no cgroup to cap the runs together.
@@ -501,6 +506,7 @@ class ProcessGroupConfinement:
         self.max_memory_bytes = max_memory_mb * 1024 * 1024
         #: The uid runs are, where it is theirs alone.
         self._runs_uid: int | None = None
+        self.why = why
 
     def new_jail(self) -> ProcessGroupJail:
         return ProcessGroupJail(self.rlimits())
@@ -538,7 +544,8 @@ class ProcessGroupConfinement:
             bound = f"RLIMIT_NPROC {processes} for {whose}"
         megabytes = self.max_memory_bytes // (1024 * 1024)
         per_process = f"RLIMIT_DATA and RLIMIT_FSIZE {megabytes} MiB per process"
-        return f"process group per run, no cgroups: {bound}; {per_process}"
+        why = f" ({self.why})" if self.why else ""
+        return f"process group per run, no cgroups{why}: {bound}; {per_process}"
 
     def close(self) -> None:
         return None
@@ -551,20 +558,36 @@ def create_confinement(
     budget: ProcessBudget | None = None,
     memory_budget: MemoryBudget | None = None,
 ) -> Confinement:
-    """The confinement ``mode`` asks for; ``auto`` takes cgroups when this host allows them.
-    ``budget`` and ``memory_budget``: how many processes and how much memory runs may use (by
-    default read off this host's limits)."""
+    """The confinement ``mode`` asks for. ``auto``: cgroup v1 where its controllers are writable,
+    else cgroup v2 where the server's cgroup is writable and given ``pids`` and ``memory``, else
+    process groups (saying why). ``cgroup``: either version, or an error saying why neither;
+    ``cgroup-v2``: v2 only. ``budget`` and ``memory_budget``: how many processes and how much
+    memory runs may use (by default read off this host's limits)."""
+    # Here, not at the top: the v2 module builds on this one's helpers.
+    from mocksandbox.execution import cgroup_v2
+
     if budget is None:
         budget = plan_process_budget(discover_process_limits(), max_processes)
     if memory_budget is None:
         memory_budget = plan_memory_budget(discover_memory_limits(), max_memory_mb)
-    if mode in ("auto", "cgroup"):
+    if mode == "process-group":
+        return ProcessGroupConfinement(budget, memory_budget, max_memory_mb, "asked for")
+    reasons: list[str] = []
+    if mode != "cgroup-v2":
         if CgroupConfinement.available():
             try:
                 return CgroupConfinement(max_processes, max_memory_mb, budget, memory_budget)
-            except OSError:
-                if mode == "cgroup":
-                    raise
-        elif mode == "cgroup":
-            raise OSError(errno.EACCES, "cgroup v1 pids/memory/freezer controllers are not writable here")
-    return ProcessGroupConfinement(budget, memory_budget, max_memory_mb)
+            except OSError as exc:
+                reasons.append(f"cgroup v1: {exc}")
+        else:
+            reasons.append("cgroup v1: pids/memory/freezer controllers are not writable here")
+    why_not_v2 = cgroup_v2.unavailable_reason()
+    if why_not_v2 is None:
+        try:
+            return cgroup_v2.CgroupV2Confinement(max_processes, max_memory_mb, budget, memory_budget)
+        except OSError as exc:
+            why_not_v2 = exc.strerror or str(exc)
+    reasons.append(f"cgroup v2: {why_not_v2}")
+    if mode != "auto":
+        raise OSError(errno.EACCES, "; ".join(reasons))
+    return ProcessGroupConfinement(budget, memory_budget, max_memory_mb, "; ".join(reasons))
