@@ -137,6 +137,7 @@ def _runtime_interpreter(named: str | None, production: str) -> Any:
 
 def _languages(args: argparse.Namespace) -> int:
     from mocksandbox.runtime.layout import RuntimeDir
+    from mocksandbox.runtime.production import PythonRuntime
     from mocksandbox.runtime.report import format_table, host_languages, remote_languages
     from mocksandbox.settings import SettingsError
 
@@ -153,4 +154,5 @@ def _languages(args: argparse.Namespace) -> int:
     state = "" if runtime.root.is_dir() else " (not there: nothing installed yet)"
     print(f"languages on this host; runtime dir {runtime.root}{state}; user python {settings.python}")
     print(format_table(host_languages(runtime, settings.python)))
+    print(f"python runtime: {PythonRuntime(settings.python, settings.production_python).facts().describe()}")
     return 0

@@ -1,24 +1,38 @@
 """User Python as production runs it: CPython 3.10 (setting ``production_python``) with SandboxFusion's
-packages.
+packages, and a divergence note wherever this host's runtime cannot match it.
 
 No network: the interpreter finder is given made-up places (files, and a probe that says what each
-is). Building a runtime from PyPI is in ``tests/server/test_user_code_apart.py`` (slow).
+is); the notes are made by real runs on the interpreters this machine has (a 3.10 venv made
+``--without-pip`` is a second's work, offline). Building a runtime from PyPI is in
+``tests/server/test_user_code_apart.py`` (slow).
 """
 
 from __future__ import annotations
 
 import io
+import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from mocksandbox import divergence
 from mocksandbox.cli import main
+from mocksandbox.core import MockSandbox
+from mocksandbox.models import RunCodeRequest, RunCodeResponse
 from mocksandbox.runtime.catalog import PYTHON_REQUIREMENTS, python_profile_requirements
 from mocksandbox.runtime.install import Host, plan_install, run_plan
 from mocksandbox.runtime.interpreters import Interpreter, find_python, parse_minor
 from mocksandbox.runtime.layout import RuntimeDir
-from mocksandbox.runtime.production import normalise, sandboxfusion_modules, sandboxfusion_requirements
+from mocksandbox.runtime.production import (
+    PythonRuntime,
+    missing_production_modules,
+    normalise,
+    sandboxfusion_modules,
+    sandboxfusion_requirements,
+)
+from mocksandbox.settings import Settings, load_settings
 
 HERE = f"{sys.version_info[0]}.{sys.version_info[1]}"
 #: A CPython 3.10 of this machine (pyenv here), or None: the tests that need one skip without it.
@@ -166,3 +180,136 @@ def test_profiles_pin_as_sandboxfusion() -> None:
     assert full[:-1] == sandboxfusion_requirements() and full[-1] == "ipykernel==6.29.5"
     with pytest.raises(ValueError, match="unknown Python profile"):
         python_profile_requirements("gpu")
+
+
+def test_which_failed_imports_production_would_have_had() -> None:
+    text = (
+        "ModuleNotFoundError: No module named 'torch'\n"
+        "E   ModuleNotFoundError: No module named 'sklearn'\n"  # pytest's way
+        "ModuleNotFoundError: No module named 'not_a_real_module'\n"
+        "ModuleNotFoundError: No module named 'numpy.gone'\n"  # a package both have: not this note
+        "ImportError: No module named 'cv2'\n"
+    )
+    assert missing_production_modules(text) == ["torch", "sklearn", "cv2"]
+
+
+# -- notes beside the answers --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def python_310_venv(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A bare CPython 3.10 venv (no packages): production's interpreter, offline."""
+    if PYTHON_310 is None:
+        pytest.skip("no CPython 3.10 on this machine")
+    venv = tmp_path_factory.mktemp("py310") / "venv"
+    subprocess.run([PYTHON_310.path, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    return str(venv / "bin" / "python")
+
+
+def sandbox_on(tmp_path: Path, python: str, production: str) -> MockSandbox:
+    settings = load_settings(
+        overrides={
+            "tmp_root": str(tmp_path),
+            "python": python,
+            "production_python": production,
+            "pod_name": "p",
+        }
+    )
+    return MockSandbox.create(settings)
+
+
+@pytest.fixture(scope="module")
+def here(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MockSandbox]:
+    """User Python on this interpreter (3.11 or later), production's being 3.10."""
+    box = sandbox_on(tmp_path_factory.mktemp("runs"), sys.executable, "3.10")
+    yield box
+    box.close()
+
+
+def run(box: MockSandbox, code: str, language: str = "python") -> tuple[RunCodeResponse, list[str]]:
+    with divergence.collecting() as notes:
+        response = box.engine.run_code(RunCodeRequest(code=code, language=language, run_timeout=30))
+    return response, notes
+
+
+ELEVEN_ONLY = "import tomllib\nprint(tomllib.loads('a = 1'))\n"
+
+
+def test_a_311_only_program_on_311_succeeds_with_a_note(here: MockSandbox) -> None:
+    response, notes = run(here, ELEVEN_ONLY)
+    assert response.status == "Success" and response.run_result is not None
+    assert response.run_result.stdout == "{'a': 1}\n"  # the body stays the run's
+    (note,) = notes
+    assert note.startswith(f"runtime: user Python here is CPython {HERE}.")
+    assert "production runs CPython 3.10" in note and "--languages python" in note
+    assert divergence.kind_of(note) == divergence.RUNTIME
+
+
+def test_a_missing_production_module_gets_a_note(here: MockSandbox) -> None:
+    response, notes = run(here, "import torch\n")
+    assert response.status == "Failed"
+    assert any("production's Python runtime has torch" in note and "torch==2.1.2" in note for note in notes)
+    assert any("--python-profile full" in note for note in notes)
+    # A module production lacks too: nothing to say about packages.
+    _, notes = run(here, "import not_a_real_module\n")
+    assert not any("production's Python runtime has" in note for note in notes)
+    # pytest runs too (their output is on stdout).
+    _, notes = run(here, "import torch\n\ndef test_x():\n    pass\n", "pytest")
+    assert any("production's Python runtime has torch" in note for note in notes)
+
+
+def test_no_version_note_when_production_runs_this_version(tmp_path: Path) -> None:
+    box = sandbox_on(tmp_path, sys.executable, HERE)
+    try:
+        response, notes = run(box, "print(1)")
+    finally:
+        box.close()
+    assert response.status == "Success" and notes == []
+
+
+def test_on_a_310_runtime_311_programs_fail_as_on_sandboxfusion(tmp_path: Path, python_310_venv: str) -> None:
+    box = sandbox_on(tmp_path, python_310_venv, "3.10")
+    try:
+        facts = box.engine.python_runtime.facts()
+        assert facts.same_minor and facts.version is not None and facts.version[:2] == (3, 10)
+        response, notes = run(box, ELEVEN_ONLY)
+        traceback, _ = run(box, "x = [1]\nprint(x[0] + x[1])\n")
+        version, _ = run(box, "import sys; print(sys.version_info[:2])")
+    finally:
+        box.close()
+    assert response.status == "Failed" and response.run_result is not None
+    assert response.run_result.stderr.endswith("ModuleNotFoundError: No module named 'tomllib'\n")
+    assert notes == []  # production's version; tomllib is the standard library's, not a package
+    # 3.10's traceback: no ~~^~~ markers under the failing expression.
+    assert traceback.run_result is not None
+    assert traceback.run_result.stderr.splitlines()[-3:] == [
+        '  File "' + traceback.run_result.stderr.split('"')[1] + '", line 2, in <module>',
+        "    print(x[0] + x[1])",
+        "IndexError: list index out of range",
+    ]
+    assert version.run_result is not None and version.run_result.stdout == "(3, 10)\n"
+
+
+def test_banner_and_languages_say_the_runtime_against_production(
+    here: MockSandbox, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    facts = here.engine.python_runtime.facts()
+    line = facts.describe()
+    assert line.startswith(f"CPython {HERE}.") and "production: CPython 3.10" in line
+    assert "not a runtime made by `runtime install`" in line
+    assert ("NOT production's version" in line) == (HERE != "3.10")
+    assert main(["languages", "--runtime-dir", str(tmp_path / "none")]) == 0
+    assert "python runtime: CPython" in capsys.readouterr().out
+    # A runtime venv says its profile (from the stamp runtime install writes).
+    runtime = RuntimeDir(tmp_path)
+    runtime.venv_dir.mkdir(parents=True)
+    runtime.python_stamp.write_text("# mocksandbox python runtime: profile full, CPython 3.10\nx\n")
+    (runtime.venv_dir / "pyvenv.cfg").write_text("version = 3.10.13\n")
+    facts = PythonRuntime(str(runtime.venv_dir / "bin" / "python"), "3.10").facts()
+    assert facts.profile == "full" and facts.version == (3, 10, 13) and facts.same_minor
+    assert facts.describe().startswith("CPython 3.10.13, profile full; production: CPython 3.10")
+
+
+def test_production_python_is_a_setting() -> None:
+    assert Settings().production_python == "3.10"
+    assert load_settings(environ={"MOCKSANDBOX_PRODUCTION_PYTHON": "3.11.4"}).production_python == "3.11"
