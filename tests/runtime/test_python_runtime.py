@@ -227,9 +227,10 @@ def here(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MockSandbox]:
 
 
 def run(box: MockSandbox, code: str, language: str = "python") -> tuple[RunCodeResponse, list[str]]:
+    """The answer, and its notes of kind ``runtime`` (this host may add others: ``isolation``)."""
     with divergence.collecting() as notes:
         response = box.engine.run_code(RunCodeRequest(code=code, language=language, run_timeout=30))
-    return response, notes
+    return response, [note for note in notes if divergence.kind_of(note) == divergence.RUNTIME]
 
 
 ELEVEN_ONLY = "import tomllib\nprint(tomllib.loads('a = 1'))\n"
