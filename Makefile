@@ -15,9 +15,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# The stamp records which extras were installed against which pyproject.toml.
-$(VENV)/.installed-serve: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[runtime]'
+# The stamp records which extras were installed against which pyproject.toml (and this file, which
+# names them). `serve` answers /run_jupyter as SandboxFusion does: the server side of Jupyter
+# (jupyter_client) is here; the kernels run in the runtime's venv, with user code.
+$(VENV)/.installed-serve: pyproject.toml Makefile | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[runtime,jupyter]'
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
@@ -32,8 +34,9 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	touch $@
 
 # User code gets an environment of its own, apart from the server's venv: SandboxFusion's pinned
-# Python runtime (numpy, pandas, pytest 7.4, ...) in the runtime dir, once (idempotent: a check
-# after that). The server then runs user Python with it (setting `python`).
+# Python runtime (numpy, pandas, pytest 7.4, ipykernel, ...) on a CPython 3.10 as production's (found
+# on PATH, in pyenv, uv or conda; else this Python, and the banner says so) in the runtime dir, once
+# (idempotent: a check after that). The server then runs user Python and Jupyter kernels with it.
 serve: $(VENV)/.installed-serve
 	$(BIN)/mocksandbox runtime install --languages python
 	$(BIN)/mocksandbox serve --host $(HOST) --port $(PORT)

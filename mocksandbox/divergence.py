@@ -38,6 +38,8 @@ OUTPUT = "output"
 TOOLCHAIN = "toolchain"
 #: A protection of the run's world that was asked for (``auto``) and this host could not give.
 ISOLATION = "isolation"
+#: User Python of another version than production's, or without a package production's runtime has.
+RUNTIME = "runtime"
 
 _notes: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
     "mocksandbox_divergences", default=None

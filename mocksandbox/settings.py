@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from mocksandbox.runtime.interpreters import parse_minor
 from mocksandbox.runtime.layout import RuntimeDir, default_runtime_dir
 
 ENV_PREFIX = "MOCKSANDBOX_"
@@ -35,6 +36,10 @@ class Settings(BaseModel):
     #: Interpreter for user Python code (``python`` and ``pytest``): by default the runtime dir's
     #: (``mocksandbox runtime install --languages python``) if it has one, else the server's own.
     python: str = Field(default_factory=lambda: sys.executable)
+    #: The CPython version (``major.minor``) production runs user code on: SandboxFusion's image
+    #: runs 3.10. ``runtime install`` builds the Python runtime on it, and answers produced by user
+    #: Python of another version carry a divergence note (say so here for a deployment on another).
+    production_python: str = "3.10"
     #: SandboxFusion's runtime libraries and toolchain shims (``mocksandbox runtime install``); see
     #: :mod:`mocksandbox.runtime`. A dir that does not exist means none: runs go without them.
     runtime_dir: str = Field(default_factory=default_runtime_dir)
@@ -191,6 +196,12 @@ class Settings(BaseModel):
             if runtime_python is not None:
                 data = {**data, "python": runtime_python}
         return data
+
+    @field_validator("production_python")
+    @classmethod
+    def _python_version(cls, value: str) -> str:
+        major, minor = parse_minor(value)
+        return f"{major}.{minor}"
 
     @field_validator("allowed_hosts", "run_env_keep", mode="before")
     @classmethod

@@ -38,6 +38,23 @@ def require_or_skip() -> RequireOrSkip:
     return check
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Production's Python is, for this suite, the one user code runs on here (the runtime's, else
+    this interpreter's), unless MOCKSANDBOX_PRODUCTION_PYTHON says otherwise: tests that count an
+    answer's divergence notes then count the ones they are about, on any machine. The notes of
+    another version are tested in tests/runtime/test_python_runtime.py, which sets it per server.
+    (Set here, it reaches servers started in subprocesses and pytester runs too.)"""
+    from mocksandbox.runtime.production import interpreter_version
+    from mocksandbox.settings import SettingsError, load_settings
+
+    try:
+        version = interpreter_version(load_settings().python)
+    except SettingsError:
+        return
+    if version is not None:
+        os.environ.setdefault("MOCKSANDBOX_PRODUCTION_PYTHON", f"{version[0]}.{version[1]}")
+
+
 @pytest.fixture(params=["local", "shared", "pooled"])
 def state(request: pytest.FixtureRequest) -> Iterator[ControlState]:
     """A control state, as one process holds it (``local``), as worker processes reach it over

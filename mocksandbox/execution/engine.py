@@ -50,6 +50,7 @@ from mocksandbox.models import (
     derive_run_status,
 )
 from mocksandbox.runtime.layout import RuntimeDir
+from mocksandbox.runtime.production import PythonRuntime
 from mocksandbox.settings import Settings
 
 #: Variables of the server's environment that must not steer a user's program: a pytest run inside
@@ -164,6 +165,8 @@ class ExecutionEngine:
             name: self.runtime.environment(spec, self._python_env if spec.python_env else self._base_env)
             for name, spec in LANGUAGES.items()
         }
+        #: User Python against production's (its version, its packages): notes beside answers.
+        self.python_runtime = PythonRuntime(settings.python, settings.production_python)
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -269,6 +272,8 @@ class ExecutionEngine:
                     world=workspace.next_command(),
                 )
             self._note_missing_toolchain(spec, compile_result or run_result)
+            if spec.python_env and run_result is not None:
+                self.python_runtime.note_outputs((run_result.stderr, run_result.stdout))
             return compile_result, run_result, fetch_files(workspace, request.fetch_files)
         finally:
             workspace.close(code_path)

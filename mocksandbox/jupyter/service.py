@@ -36,6 +36,7 @@ from mocksandbox.jupyter.launchers import create_launcher, kernel_environment
 from mocksandbox.jupyter.models import CellRunResult, RunJupyterRequest, RunJupyterResponse
 from mocksandbox.jupyter.pool import KernelPool, KernelStarter
 from mocksandbox.models import CommandRunResult, CommandRunStatus, RunStatus
+from mocksandbox.runtime.production import PythonRuntime
 from mocksandbox.settings import Settings
 
 #: SandboxFusion runs its driver with ``run_timeout = total_timeout + 10``.
@@ -189,6 +190,8 @@ class JupyterService:
         #: The locked ``.owner`` file of the kernels' runtime dir, while there is one.
         self._owner: int | None = None
         self._closed = False
+        #: Kernels run user Python as /run_code does: the same notes beside their answers.
+        self.python_runtime = PythonRuntime(settings.python, settings.production_python)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -323,6 +326,10 @@ class JupyterService:
             )
             response.cells = cells
             response.files = files
+            errors = (
+                f"{error.get('ename')}: {error.get('evalue')}" for cell in cells for error in cell.error
+            )
+            self.python_runtime.note_outputs([*errors, *(cell.stderr for cell in cells)])
         finally:
             if workdir is not None:
                 shutil.rmtree(workdir, ignore_errors=True)

@@ -4,4 +4,7 @@
 :mod:`~mocksandbox.runtime.catalog` says what each language needs and where it comes from,
 :mod:`~mocksandbox.runtime.install` installs it (``mocksandbox runtime install``), and
 :mod:`~mocksandbox.runtime.report` tells which languages run (``mocksandbox languages``).
+:mod:`~mocksandbox.runtime.interpreters` finds the CPython production runs user code on (3.10), and
+:mod:`~mocksandbox.runtime.production` holds production's Python packages as data and makes the
+divergence notes of answers this runtime cannot match.
 """

@@ -112,9 +112,19 @@ GO_DEBIAN_PACKAGES = (
     "golang-opentelemetry-otel-dev",
 )
 
-#: The Python runtime's default set: SandboxFusion's pins (its runtime/python/requirements.txt) for
-#: the packages reward code imports most, and the kernel side of /run_jupyter. Its full list
-#: (torch, tensorflow, ... several GB) installs with ``--python-requirements FILE``.
+#: The kernel side of /run_jupyter. ipykernel 7.1 to 7.3 now and then leave a request unanswered
+#: (here 6 in 120 concurrent requests with 7.1 hung to their deadline); 7.4 did not (none in 280),
+#: nor does 6.29. 7.4 needs Python 3.11, so production's 3.10 gets 6.29.5, with SandboxFusion's
+#: jupyter_client 8.6.2 (which holds ipykernel 7 at 7.1, so 3.11 and later go without its pin).
+JUPYTER_KERNEL_REQUIREMENTS = (
+    'ipykernel==6.29.5; python_version < "3.11"',
+    'jupyter_client==8.6.2; python_version < "3.11"',
+    'ipykernel>=7.4; python_version >= "3.11"',
+)
+
+#: The Python runtime's default set (profile ``default``): SandboxFusion's pins (its
+#: runtime/python/requirements.txt) for the packages reward code imports most, and the kernel side
+#: of /run_jupyter. Its full list (torch, tensorflow, ... several GB) is profile ``full``.
 PYTHON_REQUIREMENTS = (
     "numpy==1.26.3",
     "pandas==2.2.0",
@@ -138,14 +148,34 @@ PYTHON_REQUIREMENTS = (
     "cryptography==42.0.5",
     "PyJWT==2.8.0",
     "Faker==25.1.0",
-    # The kernel side of /run_jupyter. Not SandboxFusion's jupyter_client 8.6.2, which holds
-    # ipykernel at 7.1: ipykernel 7.1 to 7.3 now and then leave a request unanswered (here 6 in
-    # 120 concurrent requests with 7.1 hung to their deadline), 7.4 did not (none in 280).
-    "ipykernel>=7.4",
-    # Not in SandboxFusion's list, but in the server's own default interpreter (extra `runtime`):
-    # a runtime interpreter without it would lose what programs could import before.
+    *JUPYTER_KERNEL_REQUIREMENTS,
+    # Not in SandboxFusion's list, but production has it: torch 2.1.2 requires it (unpinned).
     "sympy",
 )
+
+#: ``runtime install --python-profile``: which requirements the Python runtime gets.
+PYTHON_PROFILES = ("default", "full")
+#: Where torch's CPU-only builds are (PyPI's torch 2.1.2 for Linux is the CUDA 12.1 build, which
+#: brings some 2.5 GB of nvidia-* packages; it runs on a CPU too, and is what pip takes when this
+#: index cannot be reached).
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def python_profile_requirements(profile: str) -> tuple[str, ...]:
+    """The requirement lines of a profile: ``default`` (:data:`PYTHON_REQUIREMENTS`) or ``full``
+    (SandboxFusion's whole requirements.txt, as pinned there). ``full`` leaves out SandboxFusion's
+    ``--ignore-requires-python``: with it, today's pip takes releases that need a newer Python
+    than 3.10 (contourpy 1.3.3 for matplotlib) and fails; without it the list resolves on 3.10."""
+    from mocksandbox.runtime.production import sandboxfusion_requirements
+
+    if profile == "default":
+        return PYTHON_REQUIREMENTS
+    if profile == "full":
+        # jupyter 1.0.0 (in the list) would bring ipykernel 7.1, which now and then leaves a
+        # request unanswered (JUPYTER_KERNEL_REQUIREMENTS); 6.29.5 suits jupyter_client 8.6.2.
+        return (*sandboxfusion_requirements(), "ipykernel==6.29.5")
+    raise ValueError(f"unknown Python profile {profile!r}; known: {', '.join(PYTHON_PROFILES)}")
+
 
 _JVM = ("default-jdk-headless",)
 

@@ -25,9 +25,22 @@ def register(subparsers: Any) -> None:
         "--runtime-dir", metavar="DIR", help="where to install (default: setting runtime_dir)"
     )
     install.add_argument(
+        "--python-profile",
+        choices=("default", "full"),
+        default="default",
+        help="the Python runtime's packages: default (SandboxFusion's pins for the packages reward code "
+        "imports most) or full (SandboxFusion's whole requirements.txt: torch, tensorflow, ...; GBs)",
+    )
+    install.add_argument(
         "--python-requirements",
         metavar="FILE",
-        help="requirements for the Python runtime's venv (default: a pinned subset of SandboxFusion's)",
+        help="requirements for the Python runtime's venv instead of a profile's (profile custom)",
+    )
+    install.add_argument(
+        "--python-interpreter",
+        metavar="PATH",
+        help="build the Python runtime on this interpreter (default: a CPython of the version production "
+        "runs, setting production_python, found on PATH, in pyenv, uv or conda; else this server's)",
     )
     install.add_argument(
         "--dry-run", action="store_true", help="print the steps and commands; change nothing"
@@ -50,26 +63,31 @@ def _settings(runtime_dir: str | None) -> Any:
 
 
 def _install(args: argparse.Namespace) -> int:
-    from mocksandbox.runtime.catalog import PYTHON_REQUIREMENTS
+    from mocksandbox.runtime.catalog import LANGUAGE_NEEDS, python_profile_requirements
     from mocksandbox.runtime.install import Host, InstallError, plan_install, resolve_languages, run_plan
     from mocksandbox.runtime.layout import RuntimeDir
+    from mocksandbox.runtime.production import read_requirements
     from mocksandbox.settings import SettingsError
 
     try:
         settings = _settings(args.runtime_dir)
         languages = resolve_languages(args.languages.split(",") if args.languages else None, args.all)
-        requirements: tuple[str, ...] = PYTHON_REQUIREMENTS
+        profile = args.python_profile
+        requirements = python_profile_requirements(profile)
         if args.python_requirements:
-            text = Path(args.python_requirements).read_text()
-            requirements = tuple(
-                line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")
-            )
+            requirements = read_requirements(Path(args.python_requirements).read_text())
+            profile = "custom"
     except (InstallError, SettingsError, OSError) as exc:
         print(f"mocksandbox runtime install: {exc}", file=sys.stderr)
         return 2
     runtime = RuntimeDir(settings.runtime_dir)
     print(f"runtime dir: {runtime.root}", flush=True)
-    plan = plan_install(languages, runtime, Host.detect(runtime), requirements)
+    python = None
+    if any("python_runtime" in LANGUAGE_NEEDS[language].libraries for language in languages):
+        python = _runtime_interpreter(args.python_interpreter, settings.production_python)
+        if python is None:
+            return 2
+    plan = plan_install(languages, runtime, Host.detect(runtime, python), requirements, profile)
     code = run_plan(plan, sys.stdout, dry_run=args.dry_run)
     # Asked by name, a language nothing here can give is a failure; with --all it is only a note.
     if not args.all and plan.unavailable and not args.dry_run:
@@ -77,8 +95,49 @@ def _install(args: argparse.Namespace) -> int:
     return code
 
 
+def _runtime_interpreter(named: str | None, production: str) -> Any:
+    """The interpreter to build the Python runtime on (an ``interpreters.Interpreter``), saying
+    which and why; ``None`` when the one named does not run."""
+    from mocksandbox.runtime.interpreters import (
+        find_python,
+        how_to_get,
+        probe_interpreter,
+        server_interpreter,
+    )
+
+    if named:
+        found = probe_interpreter(named, "--python-interpreter")
+        if isinstance(found, str):
+            print(f"mocksandbox runtime install: --python-interpreter {found}", file=sys.stderr)
+            return None
+        print(f"python runtime on {found.describe()}", flush=True)
+        if found.minor != production:
+            print(
+                f"  note: production runs CPython {production} (setting production_python): answers "
+                f"produced on {found.minor} carry a divergence note",
+                flush=True,
+            )
+        return found
+    search = find_python(production)
+    if search.found is not None:
+        print(f"python runtime on {search.found.describe()}", flush=True)
+        return search.found
+    fallback = server_interpreter()
+    looked = "".join(f"\n    {line}" for line in search.rejected) or " (none there)"
+    print(
+        f"WARNING: no CPython {production} (production's, setting production_python) found on PATH, in "
+        f"pyenv, uv or conda; tried:{looked}\n"
+        f"  building the Python runtime on {fallback.describe()} instead: the banner, "
+        f"`mocksandbox languages` and every Python answer will say so.\n"
+        f"  To get one: {how_to_get(production)}; then run this again.",
+        flush=True,
+    )
+    return fallback
+
+
 def _languages(args: argparse.Namespace) -> int:
     from mocksandbox.runtime.layout import RuntimeDir
+    from mocksandbox.runtime.production import PythonRuntime
     from mocksandbox.runtime.report import format_table, host_languages, remote_languages
     from mocksandbox.settings import SettingsError
 
@@ -95,4 +154,5 @@ def _languages(args: argparse.Namespace) -> int:
     state = "" if runtime.root.is_dir() else " (not there: nothing installed yet)"
     print(f"languages on this host; runtime dir {runtime.root}{state}; user python {settings.python}")
     print(format_table(host_languages(runtime, settings.python)))
+    print(f"python runtime: {PythonRuntime(settings.python, settings.production_python).facts().describe()}")
     return 0

@@ -12,7 +12,6 @@ import os
 import shlex
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +25,9 @@ from mocksandbox.runtime.catalog import (
     LIBRARIES,
     NODE_DEPENDENCIES,
     PYTHON_REQUIREMENTS,
+    TORCH_CPU_INDEX,
 )
+from mocksandbox.runtime.interpreters import Interpreter, server_interpreter
 from mocksandbox.runtime.layout import RuntimeDir
 
 #: SandboxFusion's runtime/node/package.json settings that decide how ``npm run test`` behaves:
@@ -95,17 +96,18 @@ class Host:
     #: The subset of the given Debian packages that are installed.
     installed_packages: Callable[[Sequence[str]], set[str]]
     has_apt: bool
-    #: The interpreter the Python runtime's venv is made with.
-    python: str = sys.executable
+    #: The interpreter the Python runtime's venv is made with (``interpreters.find_python``).
+    python: Interpreter = field(default_factory=server_interpreter)
 
     @classmethod
-    def detect(cls, runtime: RuntimeDir) -> Host:
+    def detect(cls, runtime: RuntimeDir, python: Interpreter | None = None) -> Host:
         path = f"{runtime.bin_dir}:{os.environ.get('PATH', os.defpath)}"
         return cls(
             is_root=os.geteuid() == 0,
             which=lambda name: shutil.which(name, path=path),
             installed_packages=debian_installed,
             has_apt=shutil.which("apt-get") is not None and shutil.which("dpkg-query") is not None,
+            python=python or server_interpreter(),
         )
 
 
@@ -143,6 +145,8 @@ class Step:
     blocked: str = ""
     #: Python-side work before ``commands`` (files they read).
     prepare: Callable[[], None] | None = None
+    #: Indexes of ``commands`` whose failure is reported and does not stop the step.
+    optional: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -170,8 +174,10 @@ def plan_install(
     runtime: RuntimeDir,
     host: Host,
     python_requirements: Sequence[str] = PYTHON_REQUIREMENTS,
+    python_profile: str = "default",
 ) -> Plan:
-    """The steps that give ``languages`` their toolchains and runtime libraries here."""
+    """The steps that give ``languages`` their toolchains and runtime libraries here; the Python
+    runtime gets ``python_requirements`` (named ``python_profile``) on ``host.python``."""
     unavailable: list[str] = []
     packages: list[str] = []
     libraries: list[str] = []
@@ -202,7 +208,7 @@ def plan_install(
     # Quick steps first, the Python venv (minutes of downloads) last.
     libraries.sort(key=lambda name: name == "python_runtime")
     for name in libraries:
-        steps += _library_steps(name, runtime, host, python_requirements)
+        steps += _library_steps(name, runtime, host, python_requirements, python_profile)
     steps += [_shim_step(name, runtime, host) for name in shims]
     return Plan(steps, list(dict.fromkeys(unavailable)))
 
@@ -234,7 +240,7 @@ def _write_if_changed(path: Path, text: str) -> None:
 
 
 def _library_steps(
-    name: str, runtime: RuntimeDir, host: Host, python_requirements: Sequence[str]
+    name: str, runtime: RuntimeDir, host: Host, python_requirements: Sequence[str], python_profile: str
 ) -> list[Step]:
     library = LIBRARIES[name]
     if name in ("javatuples", "junit5"):
@@ -301,9 +307,16 @@ def _library_steps(
         ]
     if name == "python_runtime":
         venv = runtime.venv_dir
-        requirements = "\n".join(python_requirements) + "\n"
-        stamp = venv / "mocksandbox-requirements.txt"
+        python = host.python
+        # The header says what the venv is (RuntimeDir.python_profile reads it): another profile or
+        # another interpreter's minor version makes the step run again.
+        header = f"# mocksandbox python runtime: profile {python_profile}, CPython {python.minor}\n"
+        requirements = header + "\n".join(python_requirements) + "\n"
+        stamp = runtime.python_stamp
         requirement_file = str(stamp) + ".new"
+        made_on = runtime.python_version()
+        # A venv of another minor version is made again (its packages' builds are that version's).
+        clear = ("--clear",) if made_on is not None and made_on[:2] != python.version[:2] else ()
 
         def write_requirements() -> None:
             venv.mkdir(parents=True, exist_ok=True)
@@ -316,18 +329,30 @@ def _library_steps(
             os.replace(requirement_file, stamp)
 
         pip = (str(venv / "bin" / "python"), "-m", "pip")
+        commands = [
+            (python.path, "-m", "venv", *clear, str(venv)),
+            (*pip, "install", "--quiet", "--upgrade", "pip"),
+        ]
+        optional = set()
+        torch = [line for line in python_requirements if line.startswith("torch==")]
+        if torch:
+            # Its CPU build first, from PyTorch's own index (PyPI has only the CUDA one): the
+            # requirements then find it installed. Where that index cannot be reached, pip takes
+            # PyPI's build instead (the step says so), without waiting minutes per retry.
+            optional.add(len(commands))
+            cpu = ("--timeout", "30", "--retries", "1", "--index-url", TORCH_CPU_INDEX, torch[0])
+            commands.append((*pip, "install", "--quiet", *cpu))
+        commands.append((*pip, "install", "--quiet", "-r", requirement_file))
         return [
             Step(
-                f"python: a venv with {len(python_requirements)} packages from PyPI",
+                f"python: a venv on {python.describe()} with {len(python_requirements)} packages "
+                f"from PyPI (profile {python_profile})",
                 python_done,
-                [
-                    (host.python, "-m", "venv", str(venv)),
-                    (*pip, "install", "--quiet", "--upgrade", "pip"),
-                    (*pip, "install", "--quiet", "-r", requirement_file),
-                ],
+                commands,
                 mark_done,
                 f"write {requirement_file} first; record it as {stamp} when pip succeeds",
                 prepare=write_requirements,
+                optional=frozenset(optional),
             )
         ]
     # Debian-only libraries (Perl, Lua modules): the package step installs them.
@@ -444,10 +469,17 @@ def _run_step(step: Step, out: TextIO) -> None:
         os.makedirs(step.cwd, exist_ok=True)
     if step.prepare is not None:
         step.prepare()
-    for argv in step.commands:
+    for index, argv in enumerate(step.commands):
         print(f"      $ {_shell_words(argv)}", file=out, flush=True)
         # The tools' own progress goes straight to the terminal (apt, npm and pip draw their own).
-        subprocess.run(argv, cwd=step.cwd, env=env, check=True, stdin=subprocess.DEVNULL)
+        optional = index in step.optional
+        done = subprocess.run(argv, cwd=step.cwd, env=env, check=not optional, stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            print(
+                f"      (that failed, exit status {done.returncode}; going on without it)",
+                file=out,
+                flush=True,
+            )
     if step.action is not None:
         step.action()
 

@@ -16,6 +16,7 @@ Nothing here runs a command: this module only looks at files, so the engine can 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 from collections.abc import Iterable, Mapping
@@ -32,6 +33,20 @@ def default_runtime_dir(environ: Mapping[str, str] | None = None) -> str:
     environ = os.environ if environ is None else environ
     base = environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
     return os.path.join(base, "mocksandbox", "runtime")
+
+
+def venv_version(venv: Path) -> tuple[int, int, int] | None:
+    """The CPython version a venv was made on, from its ``pyvenv.cfg`` (nothing is started)."""
+    try:
+        text = (venv / "pyvenv.cfg").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        parts = value.strip().split(".")[:3]
+        if key.strip() in ("version", "version_info") and len(parts) == 3 and all(map(str.isdigit, parts)):
+            return int(parts[0]), int(parts[1]), int(parts[2])
+    return None
 
 
 class RuntimeDir:
@@ -76,6 +91,25 @@ class RuntimeDir:
         """The runtime's interpreter for user Python code, if it has one."""
         candidate = self.venv_dir / "bin" / "python"
         return str(candidate) if candidate.exists() else None
+
+    @property
+    def python_stamp(self) -> Path:
+        """What ``runtime install`` last installed in the venv: a header line, then requirements."""
+        return self.venv_dir / "mocksandbox-requirements.txt"
+
+    def python_profile(self) -> str | None:
+        """The profile the venv was installed with (``default``, ``full``, ``custom``), if any."""
+        try:
+            with self.python_stamp.open() as stamp:
+                first = stamp.readline()
+        except OSError:
+            return None
+        match = re.match(r"# mocksandbox python runtime: profile ([^\s,]+)", first)
+        return match[1] if match else None
+
+    def python_version(self) -> tuple[int, int, int] | None:
+        """The CPython version the venv was made on (nothing is started)."""
+        return venv_version(self.venv_dir)
 
     # -- what runs see ---------------------------------------------------------------------------
 

@@ -41,6 +41,7 @@ def sandbox_banner(sandbox: MockSandbox, settings: Settings) -> list[str]:
     ]
     lines.append(f"  memory budget: {sandbox.confinement.memory_budget.describe()}")
     lines.append(f"  user python: {settings.python} (exec mode: {settings.exec_mode})")
+    lines.append(f"  python runtime: {sandbox.engine.python_runtime.facts().describe()}")
     if shares_server_environment(settings.python):
         lines.append(
             "  user python: user code shares this server's environment (its packages and mocksandbox "

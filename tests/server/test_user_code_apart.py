@@ -1,7 +1,8 @@
 """User code apart from the server: with a Python runtime in the runtime dir (what ``make serve``
-installs, here with a one-package requirements file to keep it quick), programs run in its venv,
-never in the server's: they cannot import mocksandbox nor the server's packages. Without one, the
-banner says that user code shares the server's environment and how to give it its own.
+installs, here with a short requirements file to keep it quick), programs run in its venv, never in
+the server's: they cannot import mocksandbox nor the server's packages. The venv is made on
+production's CPython 3.10 where this machine has one, and its Jupyter kernels run there too. Without
+one, the banner says that user code shares the server's environment and how to give it its own.
 
 The runtime install fetches from the package index: where pip cannot reach one, that test skips
 saying so (or fails, where everything is required: ``require_or_skip`` in ``tests/conftest.py``)."""
@@ -14,7 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from serve_process import start_serve, stop_serve
+import requests
+from serve_process import NO_PROXY, start_serve, stop_serve
+
+from mocksandbox.runtime.catalog import JUPYTER_KERNEL_REQUIREMENTS
+from mocksandbox.runtime.interpreters import find_python
 
 pytestmark = pytest.mark.slow
 
@@ -46,21 +51,43 @@ def with_package_index(tmp_path: Path, require_or_skip: Callable[[str | None], N
 
 
 @pytest.mark.usefixtures("with_package_index")
-def test_user_code_runs_in_the_runtime_venv_and_cannot_import_the_server(tmp_path: Path) -> None:
+def test_user_code_runs_in_the_runtime_venv_and_cannot_import_the_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Production's version, for the install and the server (the suite's is its own: conftest.py).
+    monkeypatch.setenv("MOCKSANDBOX_PRODUCTION_PYTHON", "3.10")
+    python_310 = find_python("3.10").found
     runtime = tmp_path / "runtime"
     requirements = tmp_path / "requirements.txt"
-    requirements.write_text(f"{REQUIREMENT}\n")
+    # The kernel side of /run_jupyter as the default profile pins it for 3.10 (and 7.4 for later).
+    requirements.write_text(f"{REQUIREMENT}\n" + "\n".join(JUPYTER_KERNEL_REQUIREMENTS) + "\n")
     installed = subprocess.run(
         [sys.executable, "-m", "mocksandbox.cli", "runtime", "install", "--languages", "python",
          "--runtime-dir", str(runtime), "--python-requirements", str(requirements)],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert installed.returncode == 0, installed.stdout + installed.stderr
+    if python_310 is not None:
+        assert f"python runtime on {python_310.describe()}" in installed.stdout
     server = start_serve("--runtime-dir", str(runtime))
     try:
         banner = "".join(server.banner)
         assert f"user python: {runtime}/python/venv/bin/python" in banner
         assert "shares this server's environment" not in banner
+        assert "python runtime: CPython 3.10." in banner or python_310 is None
+        assert ("NOT production's version" in banner) == (python_310 is None)
+        if python_310 is not None:
+            version = server.run("import sys; print(sys.version_info[:2])")
+            assert version["run_result"]["stdout"] == "(3, 10)\n"  # type: ignore[index]
+            # Kernels in the same runtime, on the same 3.10 (SandboxFusion's image does the same).
+            jupyter = requests.post(
+                f"{server.url}/run_jupyter",
+                json={"cells": ["import sys; print(sys.prefix, sys.version_info[:2])"]},
+                timeout=120,
+                proxies=NO_PROXY,
+            ).json()
+            assert jupyter["status"] == "Success", jupyter
+            assert jupyter["cells"][0]["stdout"] == f"{runtime}/python/venv (3, 10)\n"
         code = (
             "import importlib.util, sys\n"
             "print([name for name in ('mocksandbox', 'flask', 'requests', 'hypothesis', 'tabulate')"

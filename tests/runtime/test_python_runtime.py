@@ -1,0 +1,316 @@
+"""User Python as production runs it: CPython 3.10 (setting ``production_python``) with SandboxFusion's
+packages, and a divergence note wherever this host's runtime cannot match it.
+
+No network: the interpreter finder is given made-up places (files, and a probe that says what each
+is); the notes are made by real runs on the interpreters this machine has (a 3.10 venv made
+``--without-pip`` is a second's work, offline). Building a runtime from PyPI is in
+``tests/server/test_user_code_apart.py`` (slow).
+"""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mocksandbox import divergence
+from mocksandbox.cli import main
+from mocksandbox.core import MockSandbox
+from mocksandbox.models import RunCodeRequest, RunCodeResponse
+from mocksandbox.runtime.catalog import PYTHON_REQUIREMENTS, python_profile_requirements
+from mocksandbox.runtime.install import Host, plan_install, run_plan
+from mocksandbox.runtime.interpreters import Interpreter, find_python, parse_minor
+from mocksandbox.runtime.layout import RuntimeDir
+from mocksandbox.runtime.production import (
+    PythonRuntime,
+    missing_production_modules,
+    normalise,
+    sandboxfusion_modules,
+    sandboxfusion_requirements,
+)
+from mocksandbox.settings import Settings, load_settings
+
+HERE = f"{sys.version_info[0]}.{sys.version_info[1]}"
+#: A CPython 3.10 of this machine (pyenv here), or None: the tests that need one skip without it.
+PYTHON_310 = find_python("3.10").found
+
+
+def touch(path: Path) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+    return str(path)
+
+
+def fake_probe(versions: dict[str, str]):  # type: ignore[no-untyped-def]
+    """A probe that says each path is the CPython of ``versions`` (a string: it does not run)."""
+
+    def probe(path: str, source: str) -> Interpreter | str:
+        version = versions.get(path, f"{path}: does not run")
+        if not version[0].isdigit():
+            return version
+        major, minor, micro = map(int, version.split("."))
+        return Interpreter(path, (major, minor, micro), source)
+
+    return probe
+
+
+# -- finding the interpreter ----------------------------------------------------------------------
+
+
+def test_finder_prefers_python310_on_path_then_pyenv_newest_first(tmp_path: Path) -> None:
+    on_path = touch(tmp_path / "bin" / "python3.10")
+    old = touch(tmp_path / "pyenv" / "versions" / "3.10.2" / "bin" / "python3.10")
+    new = touch(tmp_path / "pyenv" / "versions" / "3.10.13" / "bin" / "python3.10")
+    touch(tmp_path / "pyenv" / "versions" / "3.11.7" / "bin" / "python3.11")
+    environ = {"HOME": str(tmp_path), "PYENV_ROOT": str(tmp_path / "pyenv")}
+    versions = {on_path: "3.10.12", old: "3.10.2", new: "3.10.13"}
+
+    def which(name: str) -> str | None:
+        return on_path if name == "python3.10" else None
+
+    found = find_python("3.10", environ, which, fake_probe(versions)).found
+    assert found == Interpreter(on_path, (3, 10, 12), "PATH")
+    # A pyenv shim on PATH that names a version pyenv has not selected does not run: pyenv's own.
+    search = find_python("3.10", environ, which, fake_probe({old: "3.10.2", new: "3.10.13"}))
+    assert search.found == Interpreter(new, (3, 10, 13), "pyenv")
+    assert search.rejected == [f"{on_path}: does not run"]
+
+
+def test_finder_looks_in_uv_and_conda_and_checks_the_version(tmp_path: Path) -> None:
+    uv = touch(
+        tmp_path / "share" / "uv" / "python" / "cpython-3.10.14-linux-x86_64-gnu" / "bin" / "python3.10"
+    )
+    conda_env = touch(tmp_path / "miniconda3" / "envs" / "sandbox-runtime" / "bin" / "python3.10")
+    other_env = touch(tmp_path / "miniconda3" / "envs" / "aaa" / "bin" / "python3.10")
+    environ = {"HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path / "share")}
+    # A file named python3.10 that is something else is passed over, with the reason.
+    probe = fake_probe({uv: "3.9.1", conda_env: "3.10.9", other_env: "3.10.10"})
+    search = find_python("3.10", environ, lambda name: None, probe)
+    assert search.found == Interpreter(conda_env, (3, 10, 9), "conda")  # SandboxFusion's env first
+    assert search.rejected == [f"{uv}: is 3.9"]
+
+
+def test_finder_says_where_it_looked_when_there_is_none(tmp_path: Path) -> None:
+    search = find_python("3.10", {"HOME": str(tmp_path)}, lambda name: None, fake_probe({}))
+    assert search.found is None and search.rejected == []
+    with pytest.raises(ValueError, match=r"write it as 3\.10"):
+        parse_minor("py3")
+
+
+@pytest.mark.skipif(PYTHON_310 is None, reason="no CPython 3.10 on this machine")
+def test_install_builds_on_a_found_310_and_honours_python_interpreter(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert PYTHON_310 is not None
+    monkeypatch.setenv("MOCKSANDBOX_PRODUCTION_PYTHON", "3.10")  # the suite's is its own (conftest.py)
+    args = ["runtime", "install", "--languages", "python", "--runtime-dir", str(tmp_path), "--dry-run"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert f"python runtime on CPython 3.10.{PYTHON_310.version[2]}" in out
+    assert f"would run: {PYTHON_310.path} -m venv {tmp_path}/python/venv" in out
+    # Named: that one, whatever its version, with a word when it is not production's.
+    assert main([*args, "--python-interpreter", sys.executable]) == 0
+    out = capsys.readouterr().out
+    assert f"python runtime on CPython {HERE}." in out and "(--python-interpreter:" in out
+    assert f"answers produced on {HERE} carry a divergence note" in out
+    assert main([*args, "--python-interpreter", str(tmp_path / "nothing")]) == 2
+    assert "--python-interpreter" in capsys.readouterr().err
+
+
+def test_the_venv_is_made_again_on_another_minor_version_and_says_its_profile(tmp_path: Path) -> None:
+    runtime = RuntimeDir(tmp_path)
+    runtime.venv_dir.mkdir(parents=True)
+    (runtime.venv_dir / "pyvenv.cfg").write_text("home = /usr/bin\nversion = 3.11.7\n")
+    host = Host(
+        is_root=True,
+        which=lambda name: None,
+        installed_packages=lambda wanted: set(),
+        has_apt=True,
+        python=Interpreter("/opt/python3.10", (3, 10, 13), "pyenv"),
+    )
+    (step,) = plan_install(["python"], runtime, host).steps
+    assert step.commands[0] == ("/opt/python3.10", "-m", "venv", "--clear", str(runtime.venv_dir))
+    assert step.prepare is not None
+    step.prepare()
+    header = Path(f"{runtime.python_stamp}.new").read_text().splitlines()[0]
+    assert header == "# mocksandbox python runtime: profile default, CPython 3.10"
+    Path(f"{runtime.python_stamp}.new").rename(runtime.python_stamp)
+    assert runtime.python_profile() == "default" and runtime.python_version() == (3, 11, 7)
+    assert step.done()
+    # The full profile: torch's CPU build first (its failure does not stop the step), then the list.
+    (full,) = plan_install(["python"], runtime, host, python_profile_requirements("full"), "full").steps
+    assert not full.done()
+    torch = full.commands[2]
+    assert torch[-3:] == ("--index-url", "https://download.pytorch.org/whl/cpu", "torch==2.1.2")
+    assert full.optional == frozenset({2})
+    out = io.StringIO()
+    assert run_plan(plan_install(["python"], runtime, host), out) == 0 and "already there" in out.getvalue()
+
+
+# -- production's packages, as data ----------------------------------------------------------------
+
+
+def test_sandboxfusion_requirements_and_their_import_names() -> None:
+    requirements = sandboxfusion_requirements()
+    assert len(requirements) == 102 and all("==" in line for line in requirements)
+    assert "torch==2.1.2" in requirements and "numpy==1.26.3" in requirements
+    modules = sandboxfusion_modules()
+    # Every package of the list gives a module, under its import name where that differs.
+    provided = {normalise(distribution) for distribution in modules.values()}
+    metapackages = {"jupyter", "bs4"}  # no module of their own (bs4's comes from beautifulsoup4)
+    assert {normalise(line.split("==")[0]) for line in requirements} - metapackages <= provided
+    for module, distribution in [("sklearn", "scikit-learn"), ("cv2", "opencv-python"), ("PIL", "pillow"),
+                                 ("jwt", "PyJWT"), ("docx", "python-docx"), ("skimage", "scikit-image"),
+                                 ("dateutil", "python-dateutil"), ("sympy", "sympy")]:  # fmt: skip
+        assert modules[module] == distribution
+    assert "tomllib" not in modules  # standard library from 3.11: production has none
+
+
+def test_profiles_pin_as_sandboxfusion() -> None:
+    pins = dict(line.split("==") for line in sandboxfusion_requirements())
+    for line in PYTHON_REQUIREMENTS:
+        name, _, version = line.partition("==")
+        if version and ";" not in version:
+            assert pins[name] == version, name
+    full = python_profile_requirements("full")
+    assert full[:-1] == sandboxfusion_requirements() and full[-1] == "ipykernel==6.29.5"
+    with pytest.raises(ValueError, match="unknown Python profile"):
+        python_profile_requirements("gpu")
+
+
+def test_which_failed_imports_production_would_have_had() -> None:
+    text = (
+        "ModuleNotFoundError: No module named 'torch'\n"
+        "E   ModuleNotFoundError: No module named 'sklearn'\n"  # pytest's way
+        "ModuleNotFoundError: No module named 'not_a_real_module'\n"
+        "ModuleNotFoundError: No module named 'numpy.gone'\n"  # a package both have: not this note
+        "ImportError: No module named 'cv2'\n"
+    )
+    assert missing_production_modules(text) == ["torch", "sklearn", "cv2"]
+
+
+# -- notes beside the answers --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def python_310_venv(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A bare CPython 3.10 venv (no packages): production's interpreter, offline."""
+    if PYTHON_310 is None:
+        pytest.skip("no CPython 3.10 on this machine")
+    venv = tmp_path_factory.mktemp("py310") / "venv"
+    subprocess.run([PYTHON_310.path, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    return str(venv / "bin" / "python")
+
+
+def sandbox_on(tmp_path: Path, python: str, production: str) -> MockSandbox:
+    settings = load_settings(
+        overrides={
+            "tmp_root": str(tmp_path),
+            "python": python,
+            "production_python": production,
+            "pod_name": "p",
+        }
+    )
+    return MockSandbox.create(settings)
+
+
+@pytest.fixture(scope="module")
+def here(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MockSandbox]:
+    """User Python on this interpreter (3.11 or later), production's being 3.10."""
+    box = sandbox_on(tmp_path_factory.mktemp("runs"), sys.executable, "3.10")
+    yield box
+    box.close()
+
+
+def run(box: MockSandbox, code: str, language: str = "python") -> tuple[RunCodeResponse, list[str]]:
+    """The answer, and its notes of kind ``runtime`` (this host may add others: ``isolation``)."""
+    with divergence.collecting() as notes:
+        response = box.engine.run_code(RunCodeRequest(code=code, language=language, run_timeout=30))
+    return response, [note for note in notes if divergence.kind_of(note) == divergence.RUNTIME]
+
+
+ELEVEN_ONLY = "import tomllib\nprint(tomllib.loads('a = 1'))\n"
+
+
+def test_a_311_only_program_on_311_succeeds_with_a_note(here: MockSandbox) -> None:
+    response, notes = run(here, ELEVEN_ONLY)
+    assert response.status == "Success" and response.run_result is not None
+    assert response.run_result.stdout == "{'a': 1}\n"  # the body stays the run's
+    (note,) = notes
+    assert note.startswith(f"runtime: user Python here is CPython {HERE}.")
+    assert "production runs CPython 3.10" in note and "--languages python" in note
+    assert divergence.kind_of(note) == divergence.RUNTIME
+
+
+def test_a_missing_production_module_gets_a_note(here: MockSandbox) -> None:
+    response, notes = run(here, "import torch\n")
+    assert response.status == "Failed"
+    assert any("production's Python runtime has torch" in note and "torch==2.1.2" in note for note in notes)
+    assert any("--python-profile full" in note for note in notes)
+    # A module production lacks too: nothing to say about packages.
+    _, notes = run(here, "import not_a_real_module\n")
+    assert not any("production's Python runtime has" in note for note in notes)
+    # pytest runs too (their output is on stdout).
+    _, notes = run(here, "import torch\n\ndef test_x():\n    pass\n", "pytest")
+    assert any("production's Python runtime has torch" in note for note in notes)
+
+
+def test_no_version_note_when_production_runs_this_version(tmp_path: Path) -> None:
+    box = sandbox_on(tmp_path, sys.executable, HERE)
+    try:
+        response, notes = run(box, "print(1)")
+    finally:
+        box.close()
+    assert response.status == "Success" and notes == []
+
+
+def test_on_a_310_runtime_311_programs_fail_as_on_sandboxfusion(tmp_path: Path, python_310_venv: str) -> None:
+    box = sandbox_on(tmp_path, python_310_venv, "3.10")
+    try:
+        facts = box.engine.python_runtime.facts()
+        assert facts.same_minor and facts.version is not None and facts.version[:2] == (3, 10)
+        response, notes = run(box, ELEVEN_ONLY)
+        traceback, _ = run(box, "x = [1]\nprint(x[0] + x[1])\n")
+        version, _ = run(box, "import sys; print(sys.version_info[:2])")
+    finally:
+        box.close()
+    assert response.status == "Failed" and response.run_result is not None
+    assert response.run_result.stderr.endswith("ModuleNotFoundError: No module named 'tomllib'\n")
+    assert notes == []  # production's version; tomllib is the standard library's, not a package
+    # 3.10's traceback: no ~~^~~ markers under the failing expression.
+    assert traceback.run_result is not None
+    assert traceback.run_result.stderr.splitlines()[-3:] == [
+        '  File "' + traceback.run_result.stderr.split('"')[1] + '", line 2, in <module>',
+        "    print(x[0] + x[1])",
+        "IndexError: list index out of range",
+    ]
+    assert version.run_result is not None and version.run_result.stdout == "(3, 10)\n"
+
+
+def test_banner_and_languages_say_the_runtime_against_production(
+    here: MockSandbox, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    facts = here.engine.python_runtime.facts()
+    line = facts.describe()
+    assert line.startswith(f"CPython {HERE}.") and "production: CPython 3.10" in line
+    assert "not a runtime made by `runtime install`" in line
+    assert ("NOT production's version" in line) == (HERE != "3.10")
+    assert main(["languages", "--runtime-dir", str(tmp_path / "none")]) == 0
+    assert "python runtime: CPython" in capsys.readouterr().out
+    # A runtime venv says its profile (from the stamp runtime install writes).
+    runtime = RuntimeDir(tmp_path)
+    runtime.venv_dir.mkdir(parents=True)
+    runtime.python_stamp.write_text("# mocksandbox python runtime: profile full, CPython 3.10\nx\n")
+    (runtime.venv_dir / "pyvenv.cfg").write_text("version = 3.10.13\n")
+    facts = PythonRuntime(str(runtime.venv_dir / "bin" / "python"), "3.10").facts()
+    assert facts.profile == "full" and facts.version == (3, 10, 13) and facts.same_minor
+    assert facts.describe().startswith("CPython 3.10.13, profile full; production: CPython 3.10")
+
+
+def test_production_python_is_a_setting() -> None:
+    assert Settings().production_python == "3.10"
+    assert load_settings(environ={"MOCKSANDBOX_PRODUCTION_PYTHON": "3.11.4"}).production_python == "3.11"
