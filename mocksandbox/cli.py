@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -78,6 +79,33 @@ def serve_overrides(args: argparse.Namespace) -> dict[str, object]:
             value = SERVE_FLAGS[dest] if value else None
         overrides[setting] = value
     return overrides
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    """``mocksandbox doctor``: the engine ``serve`` would start, its protections table, and stop."""
+    from mocksandbox.execution.engine import IsolationError, create_engine
+    from mocksandbox.execution.protections import format_table, protections
+    from mocksandbox.settings import SettingsError, load_settings
+
+    overrides = {name: getattr(args, name) for name in ("isolation", "run_as", "run_network", "confinement")}
+    try:
+        settings = load_settings(args.config, overrides=overrides)
+        engine, confinement, launcher = create_engine(settings)
+    except (SettingsError, IsolationError) as exc:
+        print(f"mocksandbox: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"mocksandbox: cannot set up execution: {exc}", file=sys.stderr)
+        return 2
+    try:
+        rows = protections(engine.isolation, confinement)
+    finally:
+        launcher.close()
+        engine.close()
+        confinement.close()
+    print(f"mocksandbox {__version__} on this host, as `serve` would start (uid {os.geteuid()}):")
+    print(format_table(rows))
+    return 0 if all(row.holds == "yes" for row in rows) else 1
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -360,6 +388,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--replay-timing", action="store_true", help="hold replayed answers for their recorded durations"
     )
     serve.set_defaults(handler=_serve)
+
+    doctor = commands.add_parser(
+        "doctor",
+        help="say which protections of a run hold on this host (proved by a real run), why not, "
+        "and what would give them; exit 0 when all hold, 1 when some do not, 2 when what was asked "
+        "for cannot be had",
+    )
+    doctor.add_argument("--config", metavar="FILE", help="settings file (YAML or TOML), as for serve")
+    doctor.add_argument("--isolation", choices=["auto", "lite", "none"], help="as for serve")
+    doctor.add_argument("--run-as", choices=["auto", "user", "root"], help="as for serve")
+    doctor.add_argument("--run-network", choices=["private", "host"], help="as for serve")
+    doctor.add_argument(
+        "--confinement", choices=["auto", "cgroup", "cgroup-v2", "process-group"], help="as for serve"
+    )
+    doctor.set_defaults(handler=_doctor)
 
     # Other commands live beside the code they drive; each module offers register(subparsers)
     # and must stay cheap to import (heavy imports go inside its handler).

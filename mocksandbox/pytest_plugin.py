@@ -118,6 +118,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
     )
     group.addoption(
+        "--mocksandbox-require-isolation",
+        action="store_true",
+        default=None,
+        help="make it an error (not a warning and a note beside every answer) when the fixtures' server "
+        "could not give its runs a protection isolation auto asked for (a world, a non-root uid, seccomp)",
+    )
+    parser.addini(
+        "mocksandbox_require_isolation",
+        "error when the fixtures' server falls back from a protection of its runs",
+        type="bool",
+        default=False,
+    )
+    group.addoption(
         "--mocksandbox-export-env",
         action="store_true",
         default=None,
@@ -183,6 +196,7 @@ class _EarlyServer:
 
         settings = load_settings(_settings_file(config), overrides={"host": "127.0.0.1", "port": 0})
         self.sandbox = MockSandbox.create(settings)
+        _hold_to_required_isolation(config, self.sandbox)
         self.server = ServerThread(self.sandbox, "127.0.0.1", 0).start()
 
     def close(self) -> None:
@@ -191,6 +205,44 @@ class _EarlyServer:
 
 
 _EARLY_SERVER = pytest.StashKey["_EarlyServer"]()
+#: What held for the runs of this process's session sandbox (DESIGN seam 10), once one was made.
+_PROTECTIONS = pytest.StashKey[str]()
+
+
+def _protections_line(sandbox: MockSandbox) -> str:
+    from mocksandbox.execution.protections import protections, summary
+
+    return summary(protections(sandbox.engine.isolation, sandbox.confinement))
+
+
+def _hold_to_required_isolation(config: pytest.Config, sandbox: MockSandbox) -> None:
+    """With ``mocksandbox_require_isolation``, a protection ``auto`` could not give is an error."""
+    required = config.getoption("--mocksandbox-require-isolation") or config.getini(
+        "mocksandbox_require_isolation"
+    )
+    missing = sandbox.engine.isolation.missing()
+    if required and missing:
+        sandbox.close()
+        pytest.fail(
+            "mocksandbox_require_isolation: the server's runs would have "
+            + "; ".join(missing)
+            + " (mocksandbox doctor says what would give them)",
+            pytrace=False,
+        )
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """What holds for runs here, when the server was started before collection (otherwise the
+    summary says it once the first fixture has started one: nothing is started for a header)."""
+    early = config.stash.get(_EARLY_SERVER, None)
+    return [] if early is None else [f"mocksandbox protections: {_protections_line(early.sandbox)}"]
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    line = config.stash.get(_PROTECTIONS, None)
+    if line is not None:
+        terminalreporter.section("mocksandbox: what held for the runs of this session's server")
+        terminalreporter.write_line(line)
 
 
 class MockSandboxHandle:
@@ -293,6 +345,8 @@ def mocksandbox_core(pytestconfig: pytest.Config) -> Iterator[MockSandbox]:
 
     settings = load_settings(_settings_file(pytestconfig), overrides={"host": "127.0.0.1", "port": 0})
     box = MockSandbox.create(settings)
+    _hold_to_required_isolation(pytestconfig, box)
+    pytestconfig.stash[_PROTECTIONS] = _protections_line(box)
     yield box
     box.close()
 

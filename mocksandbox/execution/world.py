@@ -343,7 +343,7 @@ class RunsRoot:
         self._closed = False
         if mount:
             try:
-                _mount_tmpfs(path, "mode=0700")
+                _mount_tmpfs(path, "mode=0700,size=25%")
             except OSError:
                 os.rmdir(path)
                 raise

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mocksandbox.execution.protections import protections, summary
 from mocksandbox.extras import jupyter_missing as jupyter_missing_for
 
 if TYPE_CHECKING:
@@ -33,9 +34,12 @@ def sandbox_banner(sandbox: MockSandbox, settings: Settings) -> list[str]:
     Raises :class:`~mocksandbox.sessions.SessionError` when the swedev backend or isolation
     cannot work (the server must not start then)."""
     backend = sandbox.sessions.check_backend()  # --swedev-backend: can the tests run there?
+    rows = protections(sandbox.engine.isolation, sandbox.confinement)
     lines = [
         f"  confinement: {sandbox.engine.confinement_name}",
         f"  isolation: {sandbox.engine.isolation.describe()}",
+        f"  protections: {summary(rows)}",
+        *(f"  WARNING: a run here has {missing}" for missing in sandbox.engine.isolation.missing()),
         f"  {sandbox.engine.isolation.describe_hidden()}",
         f"  process budget: {sandbox.confinement.budget.describe()}",
     ]

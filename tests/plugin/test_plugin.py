@@ -246,3 +246,42 @@ def test_divergences_are_reported_and_fail_on_request_and_output_mode_reproduces
     )
     failing.assert_outcomes(passed=1, failed=1)
     failing.stdout.fnmatch_lines(["*where SandboxFusion would have answered*", "*FAILED*test_floods_stdout*"])
+
+
+def test_what_held_for_runs_is_said_and_a_fall_back_can_be_made_an_error(pytester: pytest.Pytester) -> None:
+    """The summary says what held for the session server's runs; with mocksandbox_require_isolation a
+    protection ``auto`` could not give (here, a host where worlds cannot be had) is an error."""
+    pytester.makeconftest(
+        """
+        import mocksandbox.execution.engine as engine
+
+        if __import__("os").environ.get("NO_WORLDS_HERE"):
+            engine.lite_unavailable_reason = lambda: "lite needs overlayfs (modprobe overlay)"
+        """
+    )
+    pytester.makepyfile(
+        """
+        import requests
+
+        def test_runs(mocksandbox, mocksandbox_url):
+            r = requests.post(mocksandbox_url + "/run_code", json={"code": "print(1)", "language": "python"})
+            assert r.json()["run_result"]["stdout"] == "1\\n"
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*mocksandbox: what held for the runs*", "*files, processes, network*hold*"])
+    pytester.makeini("[pytest]\nmocksandbox_require_isolation = true\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)  # everything held here: nothing to refuse
+    import os
+
+    os.environ["NO_WORLDS_HERE"] = "1"
+    try:
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    finally:
+        del os.environ["NO_WORLDS_HERE"]
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(
+        ["*mocksandbox_require_isolation: the server's runs would have no world*overlayfs*"]
+    )

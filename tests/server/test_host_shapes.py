@@ -15,6 +15,8 @@ import os
 import re
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -25,7 +27,15 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
-from serve_process import HOST_SHAPES, NO_PROXY, ORDINARY_UID, ServeProcess, start_serve, stop_serve
+from serve_process import (
+    HOST_SHAPES,
+    NO_PROXY,
+    ORDINARY_UID,
+    ServeProcess,
+    shape_command,
+    start_serve,
+    stop_serve,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -231,3 +241,28 @@ def test_scratch_space_is_bounded(server: ServeProcess) -> None:
     answer = server.run(code, run_timeout=60)
     assert "stopped" in stdout_of(answer) or answer["status"] == "Failed", answer
     assert stdout_of(server.run("print('alive')")) == "alive\n"
+
+
+#: What ``mocksandbox doctor`` must say on each shape: every protection the tests above prove holds,
+#: and the bounds that only cgroups give per run said to hold partly where there are none.
+PROVED = ("files", "processes", "network", "secrets", "non-root uid", "seccomp", "process bound")
+WITHOUT_CGROUPS = ("root-without-cgroups", "ordinary-user")
+
+
+def test_doctor_tells_the_truth(shape: str, home: Path, server: ServeProcess) -> None:
+    """``mocksandbox doctor`` on the same shape: its table against what this suite found."""
+    command = shape_command(shape, [sys.executable, "-m", "mocksandbox.cli", "doctor"], home)
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **server_environment(home)},
+        start_new_session=True,
+    )
+    rows = dict(re.findall(r"^([a-z][a-z -]+?)\s{2,}(yes|partly|no)\s", done.stdout, re.M))
+    assert set(rows) == {*PROVED, "memory bound", "scratch bound"}, done.stdout + done.stderr
+    assert {name: rows[name] for name in PROVED} == dict.fromkeys(PROVED, "yes"), done.stdout
+    bounds = "partly" if shape in WITHOUT_CGROUPS else "yes"
+    assert (rows["memory bound"], rows["scratch bound"]) == (bounds, bounds), done.stdout
+    assert done.returncode == (1 if shape in WITHOUT_CGROUPS else 0), done.stdout + done.stderr
