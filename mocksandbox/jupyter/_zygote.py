@@ -94,13 +94,20 @@ class _Worlds:
         self.fs = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(self.fs)
         self.calls = self.fs._Syscalls()
+        #: The runs' user namespace (``forkserver._RunUsers``), made at the first world that asks
+        #: for one; its base dir (a mount point in this process's own mount namespace).
+        self.users: Any = None
+        self.users_base: str | None = None
         self.own_pid_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
         # Never written: its read end says "the zygote is gone" to a world's PID 1 (which cannot
         # ask getppid(): its parent is outside its namespace).
         self.alive_read, self.alive_write = os.pipe2(os.O_CLOEXEC)
 
-    def fork(self) -> int:
-        """Fork a child that is PID 1 of a new PID namespace (this process stays in its own)."""
+    def fork(self, config: dict[str, Any]) -> int:
+        """Fork a child that is PID 1 of a new PID namespace (this process stays in its own); with
+        ``config["userns"]``, in the runs' user namespace (:meth:`_fork_as_user`)."""
+        if config.get("userns") is not None:
+            return self._fork_as_user(config)
         self.calls.unshare(_CLONE_NEWPID)
         try:
             pid = os.fork()
@@ -112,6 +119,64 @@ class _Worlds:
         else:  # the zygote's next children go where they used to
             self.calls.setns(self.own_pid_namespace, _CLONE_NEWPID)
         return pid
+
+    def _fork_as_user(self, config: dict[str, Any]) -> int:
+        """A child that joins the runs' user namespace (made here once, as the launcher makes it
+        for /run_code's relays) and forks the world's PID 1 there, then waits for it: it is the pid
+        the server knows, and it dies with this process (the world's PID 1 with it). Returns 0 in
+        the world's PID 1."""
+        if self.users is None:
+            import tempfile
+
+            self.users_base = tempfile.mkdtemp(prefix="mocksandbox-kernel-worlds-")
+            self.users = self.fs._RunUsers({**config, "scratch": self.users_base}, self.calls)
+        said_r, said_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(said_r)
+            try:
+                import ctypes
+
+                os.setsid()  # (killed as a group, apart from the zygote)
+                ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+                if select_ready(self.alive_read):
+                    os._exit(1)  # the zygote died before the line above
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # ours to wait for
+                self.users.become_root(self.calls)
+                world = os.fork()
+            except BaseException as exc:
+                os.write(said_w, f"{exc}".encode() or b"failed")
+                os._exit(1)
+            if world == 0:
+                os.close(said_w)
+                return 0
+            os.close(said_w)
+            while True:
+                try:
+                    os.waitpid(world, 0)
+                    break
+                except InterruptedError:
+                    continue
+                except ChildProcessError:
+                    break
+            os._exit(0)
+        os.close(said_w)
+        try:
+            said = os.read(said_r, 4096)
+        finally:
+            os.close(said_r)
+        if said:
+            raise OSError(1, f"cannot start a kernel's world in the runs' user namespace: {said.decode()}")
+        return pid
+
+    def close(self) -> None:
+        """Give back the base dir of the runs' user namespace (a mount point here only)."""
+        if self.users_base is not None:
+            try:
+                self.calls.umount(self.users_base)
+                os.rmdir(self.users_base)
+            except OSError:
+                pass
 
     def become_world(
         self, request: dict[str, Any], protocol_in: IO[str], protocol_out: IO[str], launcher_path: str
@@ -205,7 +270,16 @@ def main() -> int:
                     os.killpg(pid, signal.SIGKILL)
                 except OSError:
                     pass
+        if worlds is not None:
+            worlds.close()
     return 0
+
+
+def select_ready(fd: int) -> bool:
+    """Whether ``fd`` is readable now (a pipe whose writer is gone reads as end of file)."""
+    import select
+
+    return bool(select.select([fd], [], [], 0)[0])
 
 
 def _still_ours(pid: int) -> bool:
@@ -238,7 +312,7 @@ def _serve(
             _reply(protocol_out, {"error": "this fork server makes no worlds (no --forkserver)"})
             continue
         try:
-            pid = worlds.fork() if in_world and worlds is not None else os.fork()
+            pid = worlds.fork(request["world"]["config"]) if in_world and worlds is not None else os.fork()
         except OSError as exc:
             _reply(protocol_out, {"error": f"fork failed: {exc}"})
             continue

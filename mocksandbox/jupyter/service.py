@@ -64,9 +64,6 @@ def driver_budget(total_timeout: float, max_timeout_s: float) -> float:
     return min(budget, max_timeout_s)
 
 
-#: What of the engine's world config makes runs an unprivileged uid (``forkserver._RunUsers``).
-_RUN_USER_KEYS = ("userns", "mapped_roots")
-
 #: A kernel in a world writes the request's files itself (as ``restore_files`` does: relative to
 #: its dir, parents made, ``null`` and ``IGNORE_THIS_FILE`` names skipped), then goes to its dir.
 _WRITE_FILES = """
@@ -178,12 +175,9 @@ class JupyterService:
     ) -> None:
         self.settings = settings
         self._pool_factory = pool_factory
-        #: Kernels get worlds of their own made of this (the engine's, under isolation lite). Not yet
-        #: in the runs' user namespace (the fork server makes their worlds as the host's root): the
-        #: banner says so (``KERNELS_RUN_AS``).
-        self.world = (
-            {k: v for k, v in world.items() if k not in _RUN_USER_KEYS} if world is not None else None
-        )
+        #: Kernels get worlds of their own made of this (the engine's, under isolation lite: in the
+        #: runs' user namespace too, where the engine's runs are).
+        self.world = dict(world) if world is not None else None
         self._lock = threading.Lock()
         self._pool: Pool | None = None
         self._starter: KernelStarter | None = None

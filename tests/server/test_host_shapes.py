@@ -266,3 +266,26 @@ def test_doctor_tells_the_truth(shape: str, home: Path, server: ServeProcess) ->
     bounds = "partly" if shape in WITHOUT_CGROUPS else "yes"
     assert (rows["memory bound"], rows["scratch bound"]) == (bounds, bounds), done.stdout
     assert done.returncode == (1 if shape in WITHOUT_CGROUPS else 0), done.stdout + done.stderr
+
+
+def test_a_jupyter_kernel_is_in_a_world_as_a_run_is(server: ServeProcess, home: Path) -> None:
+    """Kernels are runs too: root in their world, no host file, secret or server within reach."""
+    if "jupyter: off" in "".join(server.banner):
+        pytest.fail("no ipykernel for the server's interpreter: make test installs the jupyter extra")
+    api_port = int(server.url.rsplit(":", 1)[1])
+    cells = [
+        "import os, socket\n"
+        "print(os.getuid())\n"
+        f"open({str(home / 'notes.txt')!r}, 'w').write('changed by a kernel')\n"
+        "try:\n"
+        f"    socket.create_connection(('127.0.0.1', {api_port}), timeout=3); print('reached')\n"
+        "except OSError:\n"
+        "    print('refused')\n"
+    ]
+    response = requests.post(
+        f"{server.url}/run_jupyter", json={"cells": cells}, timeout=120, proxies=NO_PROXY
+    )
+    answer = response.json()
+    assert answer["status"] == "Success", answer
+    assert answer["cells"][0]["stdout"] == "0\nrefused\n", answer
+    assert (home / "notes.txt").read_text() == "keep me\n"

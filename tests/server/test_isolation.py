@@ -565,3 +565,18 @@ def test_jupyter_kernels_run_in_worlds_of_their_own(server: ServeProcess, tmp_pa
     finally:
         if os.path.exists(planted):  # were it to escape
             os.remove(planted)
+
+
+def test_a_jupyter_kernel_is_root_only_in_a_user_namespace_of_its_own(server: ServeProcess) -> None:
+    """Kernels are runs too: root in their world, the runs' unprivileged uid on the host."""
+    if "jupyter: off" in "".join(server.banner):
+        pytest.fail("no ipykernel for the server's interpreter: make test installs the jupyter extra")
+    cells = ["import os\nprint(os.getuid(), open('/proc/self/uid_map').read().split()[:2])"]
+    response = requests.post(
+        f"{server.url}/run_jupyter", json={"cells": cells}, timeout=120, proxies=NO_PROXY
+    )
+    answer = response.json()
+    assert answer["status"] == "Success", answer
+    uid, inside, outside = re.findall(r"\d+", answer["cells"][0]["stdout"])
+    assert (uid, inside) == ("0", "0")
+    assert outside == str(run_uid_of(server))
