@@ -248,6 +248,10 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
             _WORLD.mount_run(world)
             _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)  # this run's children: ours to wait for
         _THREAD_STACKS.prepare(request)
+        if _SYSCALLS is not None:  # (an exec'ed program gets its command line from execve)
+            _SYSCALLS.prepare_command_line(
+                ["python", request["file"]] if request["mode"] == "python" else None
+            )
         pid = os.fork()
     except OSError as exc:  # EAGAIN: the host's or the server's process budget is spent
         if world is not None:
@@ -309,6 +313,8 @@ def _start_program(request: dict, fds: list) -> None:
         _apply_rlimits(request.get("rlimits", ()))
         if request.get("world") is not None:
             _WORLD.enter(request["cwd"])
+        elif _SYSCALLS is not None:
+            _SYSCALLS.set_command_line()  # where this program may (root): as in a world
     except BaseException as exc:
         # The run never started: why on the run's stderr, then said on the status pipe.
         try:
@@ -438,6 +444,8 @@ _MOUNT_ATTR_IDMAP = 0x100000
 _PR_CAPBSET_DROP = 24
 _PR_SET_SECCOMP = 22
 _PR_SET_DUMPABLE = 4
+_PR_SET_MM = 35
+_PR_SET_MM_MAP = 14
 _SECCOMP_MODE_FILTER = 2
 _CAP_LAST = 63
 _SIOCGIFFLAGS = 0x8913
@@ -489,6 +497,10 @@ class _Syscalls:
                 ("inheritable", ctypes.c_uint32),
             )
 
+        self._mm_map = None
+        self._layout: list = []
+        self._layout_of = 0
+        libc.sbrk.restype = ctypes.c_void_p
         self._cap_header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
         self._cap_data = (_CapData * 2)()
         self._capset = libc.capset
@@ -562,6 +574,40 @@ class _Syscalls:
         it and everything it starts."""
         result = self.libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(self._filter), 0, 0)
         self._check(result, "seccomp")
+
+    def prepare_command_line(self, argv: "list | None") -> None:
+        """In a relay, before it forks a warm Python program: what its ``/proc/self/cmdline`` (and
+        ``ps``) must say (``python <file>``, as a spawned one's would), instead of the launcher's own
+        command line. The new argument area lives in this buffer, which the fork copies to the
+        same address; the rest of the map is this process's, which the fork keeps as is."""
+        if argv is None:
+            self._mm_map = None
+            return
+        payload = b"\0".join(arg.encode() for arg in argv) + b"\0"
+        self._command_line = ctypes.create_string_buffer(payload, len(payload))
+        if self._layout_of != os.getpid():  # read once per relay: its code, data and stack stay put
+            with open("/proc/self/stat", "rb") as stat:
+                self._layout = stat.read().rsplit(b")", 1)[1].split()
+            self._layout_of = os.getpid()
+        fields = self._layout
+
+        def field(number: int) -> int:  # proc(5) numbers the fields from 1; two precede ")"
+            return int(fields[number - 3])
+
+        start = ctypes.addressof(self._command_line)
+        self._mm_map = _MmMap(
+            field(26), field(27), field(45), field(46), field(47), self.libc.sbrk(0) or 0, field(28),
+            start, start + len(payload), field(50), field(51), 0, 0, 0xFFFFFFFF,
+        )  # fmt: skip
+
+    def set_command_line(self) -> None:
+        """In the forked program, while it may (CAP_SYS_ADMIN in its user namespace: the prctl is
+        checkpoint/restore's): the command line :meth:`prepare_command_line` made. Best effort: a
+        program that cannot keeps the launcher's (which names nothing hidden from it)."""
+        if self._mm_map is not None:
+            self.libc.prctl(
+                _PR_SET_MM, _PR_SET_MM_MAP, ctypes.addressof(self._mm_map), ctypes.sizeof(self._mm_map), 0
+            )
 
     def reduce_capabilities(self) -> None:
         """In a forked program: effective and permitted down to the kept set, nothing inheritable
@@ -680,6 +726,21 @@ class _RunUsers:
 _USERS = None
 #: Why that could not be made: every run that asks for a world is then refused with it.
 _USERS_ERROR = None
+
+
+if ctypes is not None:
+
+    class _MmMap(ctypes.Structure):
+        """``struct prctl_mm_map`` (linux/prctl.h)."""
+
+        _fields_ = (
+            *((name, ctypes.c_uint64) for name in (
+                "start_code", "end_code", "start_data", "end_data", "start_brk", "brk", "start_stack",
+                "arg_start", "arg_end", "env_start", "env_end", "auxv",
+            )),
+            ("auxv_size", ctypes.c_uint32),
+            ("exe_fd", ctypes.c_uint32),
+        )  # fmt: skip
 
 
 class _World:
@@ -985,6 +1046,7 @@ class _World:
         _signal.signal(_signal.SIGIO, _signal.SIG_DFL)  # the relay's, not the program's
         os.chroot(self.root)
         os.chdir(cwd)
+        self.calls.set_command_line()
         if self.filtered:
             self.calls.install_filter()
         self.calls.reduce_capabilities()
@@ -1441,11 +1503,15 @@ def _fork_relay(own_pid_namespace: "int | _RunUsers | None") -> int:
     return pid
 
 
-_SYSCALLS: "_Syscalls"
+#: The libc calls, bound once in the launcher where ctypes is (worlds need them; warm Python
+#: programs use them for their command line).
+_SYSCALLS: "_Syscalls | None" = None
 
 
 if __name__ == "__main__":
     _open_missing_std_fds()
+    if ctypes is not None:
+        _SYSCALLS = _Syscalls()
     for option in sys.argv[2:]:
         if option.startswith("--cpus="):
             _PROGRAM_CPUS = {int(cpu) for cpu in option.removeprefix("--cpus=").split(",")}
@@ -1453,7 +1519,6 @@ if __name__ == "__main__":
             # On a pipe, not on the command line: a program must not read in its /proc/self/cmdline
             # (the launcher's, for a forked one) what is hidden from it.
             _WORLD_CONFIG = json.loads(_read_all(int(option.removeprefix("--world-fd="))))
-            _SYSCALLS = _Syscalls()
             if _WORLD_CONFIG.get("userns") is not None:
                 try:
                     _USERS = _RunUsers(_WORLD_CONFIG, _SYSCALLS)

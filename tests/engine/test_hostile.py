@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import time
 import uuid
@@ -255,3 +256,13 @@ def test_timeout_kills_the_whole_tree(sandbox: MockSandbox) -> None:
     assert result.run_result.status == CommandRunStatus.TimeLimitExceeded
     assert result.run_result.return_code is None
     assert wait_gone(f"50.{marker}") == []
+
+
+def test_a_program_sees_the_command_line_sandboxfusion_gives_it(sandbox: MockSandbox) -> None:
+    """``python <file>``, as SandboxFusion's spawned interpreter has it: not the launcher's command
+    line, which a forked program would otherwise show (in ``ps`` and ``/proc/self/cmdline``)."""
+    answer = run(sandbox, "import sys\nprint(repr(open('/proc/self/cmdline').read()), repr(sys.argv[0]))")
+    assert answer.run_result is not None
+    cmdline, argv0 = map(ast.literal_eval, answer.run_result.stdout.split())
+    assert cmdline == f"python\0{argv0}\0"
+    assert "forkserver" not in cmdline
