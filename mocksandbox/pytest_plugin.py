@@ -224,7 +224,7 @@ def _hold_to_required_isolation(config: pytest.Config, sandbox: MockSandbox) -> 
     if required and missing:
         sandbox.close()
         pytest.fail(
-            "mocksandbox_require_isolation: the server's runs would have "
+            "mocksandbox_require_isolation: not in force for the server's runs: "
             + "; ".join(missing)
             + " (mocksandbox doctor says what would give them)",
             pytrace=False,

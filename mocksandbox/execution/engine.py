@@ -29,6 +29,7 @@ from mocksandbox.execution.workdirs import WorkdirPool
 from mocksandbox.execution.world import (
     KEPT_CAPABILITIES,
     RUN_UID_COUNT,
+    RUNS_TMPFS_SIZE,
     HostWorkspace,
     Isolation,
     LayeredWorkspace,
@@ -180,7 +181,7 @@ class ExecutionEngine:
             status=RunStatus.Success, message="", executor_pod_name=self.settings.pod_name
         )
         for missing in self._missing_protections:
-            divergence.note(divergence.ISOLATION, f"this run had {missing}")
+            divergence.note(divergence.ISOLATION, f"not in force for this run: {missing}")
         try:
             spec = LANGUAGES[request.language]
             compile_result, run_result, files = self._run(spec, request)
@@ -328,7 +329,8 @@ class ExecutionEngine:
         # nested in the runs' (then it says "0 0", the runs' root), where the relay's own uid,
         # read from here, says so.
         host_root = words[2:4] if len(words) >= 5 else []
-        nested = bool((self.world or {}).get("userns", {}).get("nested"))
+        users = (self.world or {}).get("userns", {})
+        nested = bool(users.get("nested") or users.get("runs_tmpfs"))
         if host_root != ["0", str(run_uid)] and not (nested and host_root == ["0", "0"]):
             raise IsolationError(f"the start-up run's root was not uid {run_uid} on the host ({host_root})")
         relay_uids = self.runner.relay_uids() if isinstance(self.runner, ProcessRunner) else [run_uid]
@@ -598,7 +600,15 @@ def _start_lite(
         if as_user and os.geteuid() != 0:
             # Root in a user namespace of each relay's own, the server's uid on the host.
             run_uid = os.geteuid()
-            world["userns"] = {"uid": run_uid, "gid": os.getegid(), "count": 1, "self_mapped": True}
+            world["userns"] = {
+                "uid": run_uid,
+                "gid": os.getegid(),
+                "count": 1,
+                "self_mapped": True,
+                # The runs' files in a sized tmpfs of the launcher's own (not on the host's disk).
+                "runs_tmpfs": RUNS_TMPFS_SIZE,
+            }
+            world["runs_root"] = runs_root.path
             confinement.delegate_runs_to(run_uid, os.getegid())
         elif as_user:
             run_uid = reserve_run_uids()
@@ -610,6 +620,8 @@ def _start_lite(
             confinement.delegate_runs_to(run_uid, run_uid)
         launcher = Launcher(settings.python, env, world)
         launcher.after_close.append(runs_root.close)
+        if "runs_root" in world:
+            launcher.after_start.append(runs_root.seen_through)
         launcher.start()
         isolation = Isolation(
             "lite",

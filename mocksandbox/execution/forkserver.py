@@ -277,14 +277,19 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
                 os.kill(-1, _signal.SIGKILL)
             except OSError:
                 pass  # nothing left
+            # Once they are gone and the run's root is unmounted, its files hold nothing: the
+            # server, told the run is over when the status pipe closes, removes them at once, and
+            # their space must be free for the next request.
+            _WORLD.reap(until_gone=True)
+            _WORLD.unmount_run()
         _write_all(status_fd, _STATUS_EXIT + status.to_bytes(8, "little", signed=True))
     except OSError:
         pass  # the server gave up on this run (it closed its end): nobody to tell
     finally:
-        os.close(status_fd)
         if world is not None:
             _WORLD.reap()
             _WORLD.unmount_run()
+        os.close(status_fd)
 
 
 def _wait_for(pid: int) -> int:
@@ -644,7 +649,12 @@ class _RunUsers:
         self.self_mapped = bool(users.get("self_mapped"))
         self.nested = bool(users.get("nested"))
         self.userns = self.base = -1
+        #: The server's uid as the relays' parent namespace sees it.
+        self.outside_uid, self.outside_gid = self.uid, self.gid
         if self.self_mapped:
+            if users.get("runs_tmpfs"):
+                self._own_runs_tmpfs(config["runs_root"], users["runs_tmpfs"], calls)
+                os.mkdir(config["scratch"], 0o700)  # (the host's is under the tmpfs now)
             return
         calls.unshare(_CLONE_NEWNS)
         calls.mount(None, "/", None, _MS_REC | _MS_SLAVE)
@@ -657,6 +667,19 @@ class _RunUsers:
             os.mkdir(f"{base}/m{index}", 0o755)
             calls.idmapped_clone(root, f"{base}/m{index}", self.userns, read_only=False)
         self.base = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def _own_runs_tmpfs(self, runs_root: str, options: str, calls: _Syscalls) -> None:
+        """A server that is not root cannot mount the runs' tmpfs on the host: the launcher moves
+        into a user and a mount namespace of its own (its root the server's uid) and mounts it
+        there, sized, over the runs' dir. Relays inherit it; the server reaches it through
+        ``/proc/<launcher>/root`` (``RunsRoot.seen_through``); it is gone with the launcher."""
+        calls.unshare(_CLONE_NEWUSER | _CLONE_NEWNS)
+        _write_text("/proc/self/setgroups", "deny")
+        _write_text("/proc/self/uid_map", f"0 {self.uid} 1\n")
+        _write_text("/proc/self/gid_map", f"0 {self.gid} 1\n")
+        calls.mount(None, "/", None, _MS_REC | _MS_SLAVE)
+        calls.mount("tmpfs", runs_root, "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode=0700,{options}")
+        self.outside_uid = self.outside_gid = 0  # the relays' namespaces nest in this one
 
     def _make_namespace(self, calls: _Syscalls) -> int:
         """A user namespace with the run's map (a child makes it, the launcher maps it and keeps
@@ -693,13 +716,20 @@ class _RunUsers:
         """In a new relay: into the runs' user namespace as its root, then into a new PID namespace
         for the relay's own child (that namespace belongs to the user namespace: the relay may mount
         its /proc). The working directory is the base: the relay finds the mounts there."""
+        # The OOM killer's first choice, now, while this process may still raise it for itself (its
+        # /proc files are the host root's once its uid has changed): the relay and every program it
+        # forks inherit it (a program's own write, _prefer_for_oom_kill, may then fail).
+        try:
+            _write_text("/proc/self/oom_score_adj", "1000")
+        except OSError:
+            pass
         if self.self_mapped:
             # A user namespace of this relay's own: its root is the server's uid, as the kernel
             # lets any process map its own uid (and its gid, once it gave up setgroups).
             calls.unshare(_CLONE_NEWUSER)
             _write_text("/proc/self/setgroups", "deny")
-            _write_text("/proc/self/uid_map", f"0 {self.uid} 1\n")
-            _write_text("/proc/self/gid_map", f"0 {self.gid} 1\n")
+            _write_text("/proc/self/uid_map", f"0 {self.outside_uid} 1\n")
+            _write_text("/proc/self/gid_map", f"0 {self.outside_gid} 1\n")
             calls.unshare(_CLONE_NEWPID)
             return
         os.fchdir(self.base)
@@ -1083,12 +1113,14 @@ class _World:
             _fcntl.fcntl(fd, _fcntl.F_SETFL, _fcntl.fcntl(fd, _fcntl.F_GETFL) & ~os.O_ASYNC)
 
     @staticmethod
-    def reap() -> None:
-        """Reap what died of the run, and let the kernel reap the rest until the next run."""
-        _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)
+    def reap(until_gone: bool = False) -> None:
+        """Reap what died of the run, and let the kernel reap the rest until the next run; with
+        ``until_gone``, wait until every process of the namespace (killed) has died first."""
+        if not until_gone:
+            _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)
         while True:
             try:
-                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                if os.waitpid(-1, 0 if until_gone else os.WNOHANG)[0] == 0:
                     return
             except ChildProcessError:
                 return
@@ -1524,4 +1556,8 @@ if __name__ == "__main__":
                     _USERS = _RunUsers(_WORLD_CONFIG, _SYSCALLS)
                 except OSError as exc:
                     _USERS_ERROR = f"cannot make the runs' user namespace: {exc}"
-    _serve(_socket.socket(fileno=int(sys.argv[1])))
+    server_socket = _socket.socket(fileno=int(sys.argv[1]))
+    if _WORLD_CONFIG is not None and _WORLD_CONFIG.get("userns") is not None:
+        # Ready: the server may now write the runs' files where the relays will see them.
+        server_socket.send(b"ready")
+    _serve(server_socket)

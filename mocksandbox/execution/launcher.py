@@ -34,6 +34,8 @@ class Launcher:
         self.world = dict(world) if world is not None else None
         #: Called by :meth:`close` after the launcher stopped (what its relays' worlds rest on).
         self.after_close: list[Callable[[], None]] = []
+        #: Called with the launcher's pid each time one has started and is ready.
+        self.after_start: list[Callable[[int], None]] = []
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -81,8 +83,27 @@ class Launcher:
             theirs.close()
             if world_read is not None:
                 os.close(world_read)
+        if self.world is not None and self.world.get("userns") is not None:
+            self._wait_until_ready(ours)
         self._sock = ours
+        for callback in self.after_start:
+            callback(self._proc.pid)
         return ours
+
+    def _wait_until_ready(self, sock: socket.socket) -> None:
+        """A launcher that makes the runs' user namespace says when it is done (the runs' files may
+        live in its own mount namespace: nothing may be written there before)."""
+        sock.settimeout(60)
+        try:
+            said = sock.recv(64)
+        except OSError as exc:
+            said = str(exc).encode()
+        finally:
+            sock.settimeout(None)
+        if said != b"ready":
+            sock.close()
+            self._discard()
+            raise LauncherError(f"the launcher did not start: {said.decode(errors='replace') or 'it exited'}")
 
     def start(self) -> None:
         """Start the launcher now rather than on the first run (keeps the first answer fast)."""

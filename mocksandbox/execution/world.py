@@ -197,11 +197,11 @@ class Isolation:
         start-up and beside every answer (DESIGN seam 10)."""
         missing: list[str] = []
         if self.mode == "none" and self.reason:
-            missing.append(f"no world of its own per run ({self.reason})")
+            missing.append(f"a world of its own ({self.reason})")
         if self.mode == "lite" and self.run_uid is None and self.run_as_reason:
-            missing.append(f"runs are the host's root ({self.run_as_reason})")
+            missing.append(f"an unprivileged uid: runs are the host's root ({self.run_as_reason})")
         if self.mode == "lite" and not self.syscall_filter and self.syscall_filter_reason:
-            missing.append(f"no seccomp filter ({self.syscall_filter_reason})")
+            missing.append(f"the seccomp filter ({self.syscall_filter_reason})")
         return missing
 
     def describe_user(self) -> str:
@@ -296,6 +296,10 @@ def lite_unavailable_reason(confinement_name: str = "") -> str | None:
 
 # -- the runs' tmpfs ---------------------------------------------------------------------------------
 
+#: The size of the tmpfs every request's layers live on: what bounds all runs' files together where
+#: no cgroup counts them against a run's memory (a quarter of the machine's memory).
+RUNS_TMPFS_SIZE = "size=25%"
+
 _RUNS_ROOT_PREFIX = "mocksandbox-"
 _OWNER_FILE = ".owner"
 _UMOUNT_DETACH = 2
@@ -343,7 +347,7 @@ class RunsRoot:
         self._closed = False
         if mount:
             try:
-                _mount_tmpfs(path, "mode=0700,size=25%")
+                _mount_tmpfs(path, f"mode=0700,{RUNS_TMPFS_SIZE}")
             except OSError:
                 os.rmdir(path)
                 raise
@@ -353,14 +357,31 @@ class RunsRoot:
         self.scratch = os.path.join(path, ".world")
         os.mkdir(self.scratch, 0o700)
 
+    #: Where the server reaches the runs' files, when not at :attr:`path` (a server that is not
+    #: root: the launcher keeps their tmpfs in mount namespaces of its own, and the server reaches
+    #: it through ``/proc/<launcher>/root``; set by :meth:`seen_through`). Relays use ``path``.
+    access: str | None = None
+
+    def seen_through(self, pid: int | None) -> None:
+        """The runs' files are in the mount namespace of process ``pid`` (``None``: here)."""
+        self.access = None if pid is None else f"/proc/{pid}/root{self.path}"
+
     def new_slot(self) -> str:
+        """A new request's dir, as the server reaches it (see :meth:`relay_path`)."""
+        base = self.access or self.path
         while True:
-            slot = os.path.join(self.path, secrets.token_hex(8))
+            slot = os.path.join(base, secrets.token_hex(8))
             try:
                 os.mkdir(slot, 0o700)
                 return slot
             except FileExistsError:
                 continue
+
+    def relay_path(self, path: str) -> str:
+        """``path`` (one of :meth:`new_slot`'s) as relays see it."""
+        if self.access is not None and path.startswith(self.access):
+            return self.path + path[len(self.access) :]
+        return path
 
     def close(self) -> None:
         """Unmount the tmpfs (lazily: a run still being torn down keeps it until it is gone).
@@ -484,6 +505,7 @@ class LayeredWorkspace:
         hidden_prefixed: tuple[tuple[str, str], ...] = (),
     ) -> None:
         self.slot = runs_root.new_slot()
+        self._runs_root = runs_root
         self._hidden_prefixed = hidden_prefixed
         self._layers: list[str] = []
         self._commands = 0
@@ -663,10 +685,11 @@ class LayeredWorkspace:
             self._add_layer()
         self._commands += 1
         upper = self._layers[-1]
+        relay = self._runs_root.relay_path
         return {
-            "upper": upper,
-            "work": os.path.join(os.path.dirname(upper), "w"),
-            "lowers": list(reversed(self._layers[:-1])),
+            "upper": relay(upper),
+            "work": relay(os.path.join(os.path.dirname(upper), "w")),
+            "lowers": [relay(layer) for layer in reversed(self._layers[:-1])],
         }
 
     def close(self, code_path: str | None = None) -> None:

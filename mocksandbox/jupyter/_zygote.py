@@ -129,7 +129,12 @@ class _Worlds:
             import tempfile
 
             self.users_base = tempfile.mkdtemp(prefix="mocksandbox-kernel-worlds-")
-            self.users = self.fs._RunUsers({**config, "scratch": self.users_base}, self.calls)
+            # (The runs' tmpfs of a server that is not root is the launcher's: kernels keep their
+            # files in their own dirs.)
+            users = {**config["userns"], "runs_tmpfs": None}
+            self.users = self.fs._RunUsers(
+                {**config, "userns": users, "scratch": self.users_base}, self.calls
+            )
         said_r, said_w = os.pipe()
         pid = os.fork()
         if pid == 0:

@@ -39,7 +39,7 @@ def sandbox_banner(sandbox: MockSandbox, settings: Settings) -> list[str]:
         f"  confinement: {sandbox.engine.confinement_name}",
         f"  isolation: {sandbox.engine.isolation.describe()}",
         f"  protections: {summary(rows)}",
-        *(f"  WARNING: a run here has {missing}" for missing in sandbox.engine.isolation.missing()),
+        *(f"  WARNING: not in force for runs: {missing}" for missing in sandbox.engine.isolation.missing()),
         f"  {sandbox.engine.isolation.describe_hidden()}",
         f"  process budget: {sandbox.confinement.budget.describe()}",
     ]

@@ -17,7 +17,11 @@ from mocksandbox.reference import _subcommands, cli_reference_markdown, settings
 ROOT = Path(__file__).resolve().parents[2]
 
 #: External sites the text genuinely refers to, and that exist: a URL must start with one of these.
-EXTERNAL_SITES = ("https://github.com/bytedance/SandboxFusion",)
+EXTERNAL_SITES = (
+    "https://github.com/bytedance/SandboxFusion",
+    # PyTorch's CPU wheels: where `runtime install --python-profile full` takes torch from.
+    "https://download.pytorch.org/whl/cpu",
+)
 #: Top-level domains that name no site (RFC 2606 and 6761, and ICANN's .internal): examples'.
 RESERVED_TLDS = {"test", "example", "invalid", "localhost", "internal"}
 

@@ -33,7 +33,7 @@ def test_auto_falls_back_to_none_and_says_why(tmp_path: Path, lite_unavailable: 
         with divergence.collecting() as notes:
             answer = box.engine.run_code(RunCodeRequest(code="print(1)", language="python"))
         assert answer.run_result is not None and answer.run_result.stdout == "1\n"
-        assert notes == [f"isolation: this run had no world of its own per run ({lite_unavailable})"]
+        assert notes == [f"isolation: not in force for this run: a world of its own ({lite_unavailable})"]
     finally:
         box.close()
 

@@ -283,5 +283,5 @@ def test_what_held_for_runs_is_said_and_a_fall_back_can_be_made_an_error(pyteste
         del os.environ["NO_WORLDS_HERE"]
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(
-        ["*mocksandbox_require_isolation: the server's runs would have no world*overlayfs*"]
+        ["*mocksandbox_require_isolation: not in force for the server's runs: a world of its own*overlayfs*"]
     )
