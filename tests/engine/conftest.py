@@ -29,6 +29,8 @@ def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("cgroup", "fork", "none"),
         ("cgroup", "spawn", "none"),
         ("process-group", "fork", "none"),
+        # A world with no cgroup (a cgroup v2 host without delegation): rlimits bound its runs.
+        ("process-group", "fork", "lite"),
     ],
     ids=lambda p: "-".join(p),
 )
@@ -38,7 +40,7 @@ def sandbox(request: pytest.FixtureRequest, runs_dir: Path) -> Iterator[MockSand
     mode, exec_mode, isolation = request.param
     if mode == "cgroup" and not CgroupConfinement.available():
         pytest.skip("cgroup v1 pids/memory/freezer controllers are not writable here")
-    if isolation == "lite" and (reason := lite_unavailable_reason(mode)) is not None:
+    if isolation == "lite" and (reason := lite_unavailable_reason()) is not None:
         pytest.skip(reason)
     overrides = {"tmp_root": str(runs_dir), "confinement": mode, "exec_mode": exec_mode, "isolation": isolation}
     box = MockSandbox.create(load_settings(overrides=overrides))
