@@ -302,6 +302,8 @@ RUNS_TMPFS_SIZE = "size=25%"
 
 _RUNS_ROOT_PREFIX = "mocksandbox-"
 _OWNER_FILE = ".owner"
+#: Beside a runs' dir: locked while its server lives (``RunsRoot``).
+_ALIVE_SUFFIX = ".lock"
 _UMOUNT_DETACH = 2
 
 
@@ -329,7 +331,10 @@ class RunsRoot:
     for a server that may not mount (not root: ``mount=False``), a plain dir there.
 
     Its name is random (never derived from a pid, which repeats in every container); a lock held
-    on its ``.owner`` file while the server lives tells a later server whether it is stale.
+    on its ``.owner`` file while the server lives tells a later server whether it is stale. So does
+    one on ``<dir>.lock`` beside it, which every mount namespace sees: a server in a mount
+    namespace of its own (a container, a test's) that dies leaves an empty dir here, which only
+    that lock tells from a live one's (whose tmpfs this namespace does not see).
     """
 
     def __init__(self, parent: str, mount: bool = True) -> None:
@@ -345,6 +350,8 @@ class RunsRoot:
                 continue
         self.path = path
         self._closed = False
+        self._alive = os.open(path + _ALIVE_SUFFIX, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._alive, fcntl.LOCK_EX | fcntl.LOCK_NB)
         if mount:
             try:
                 _mount_tmpfs(path, f"mode=0700,{RUNS_TMPFS_SIZE}")
@@ -393,6 +400,11 @@ class RunsRoot:
             os.close(self._owner)
         except OSError:
             pass
+        try:
+            os.unlink(self.path + _ALIVE_SUFFIX)
+            os.close(self._alive)
+        except OSError:
+            pass
         if not self.mounted:
             shutil.rmtree(self.path, ignore_errors=True)
             return
@@ -406,6 +418,29 @@ class RunsRoot:
             pass
 
 
+def _stale_by_lock(path: str) -> bool | None:
+    """``False`` when the lock file ``path`` is held (its server lives), ``True`` when it is not,
+    ``None`` when there is none (a dir of an older version's server)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _empty_dir(path: str) -> bool:
+    try:
+        return os.path.isdir(path) and not os.listdir(path)
+    except OSError:
+        return False
+
+
 def reclaim_stale_runs_roots(parent: str) -> list[str]:
     """Unmount and remove the runs' tmpfs of servers that died without doing it (SIGKILL): those
     whose ``.owner`` lock nobody holds. Returns what was reclaimed."""
@@ -415,9 +450,21 @@ def reclaim_stale_runs_roots(parent: str) -> list[str]:
     except OSError:
         return reclaimed
     for name in names:
-        if not name.startswith(_RUNS_ROOT_PREFIX):
+        if not name.startswith(_RUNS_ROOT_PREFIX) or name.endswith(_ALIVE_SUFFIX):
             continue
         path = os.path.join(parent, name)
+        stale = _stale_by_lock(path + _ALIVE_SUFFIX)
+        if stale is False:
+            continue  # its server lives (here or in a mount namespace of its own)
+        if stale and not os.path.ismount(path) and _empty_dir(path):
+            # Its server died in a mount namespace of its own, whose tmpfs went with it.
+            try:
+                os.rmdir(path)
+                os.unlink(path + _ALIVE_SUFFIX)
+                reclaimed.append(path)
+            except OSError:
+                pass
+            continue
         mounted = os.path.ismount(path)
         if not mounted and not os.path.isdir(os.path.join(path, ".world")):
             continue  # neither a runs' tmpfs nor a runs' dir
@@ -433,12 +480,15 @@ def reclaim_stale_runs_roots(parent: str) -> list[str]:
             os.close(owner)
         if not mounted:
             shutil.rmtree(path, ignore_errors=True)
-            reclaimed.append(path)
-            continue
+        else:
+            try:
+                _umount(path)
+                os.rmdir(path)
+            except OSError:
+                continue
+        reclaimed.append(path)
         try:
-            _umount(path)
-            os.rmdir(path)
-            reclaimed.append(path)
+            os.unlink(path + _ALIVE_SUFFIX)
         except OSError:
             pass
     return reclaimed

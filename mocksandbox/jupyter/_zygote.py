@@ -128,7 +128,10 @@ class _Worlds:
         if self.users is None:
             import tempfile
 
-            self.users_base = tempfile.mkdtemp(prefix="mocksandbox-kernel-worlds-")
+            # In the kernels' runtime dir (the marker), which the server removes with them, and
+            # reclaims after a killed server: never left behind in the temp dir.
+            marker = sys.argv[1] if len(sys.argv) > 1 and os.path.isdir(sys.argv[1]) else None
+            self.users_base = tempfile.mkdtemp(prefix=".worlds-", dir=marker)
             # (The runs' tmpfs of a server that is not root is the launcher's: kernels keep their
             # files in their own dirs.)
             users = {**config["userns"], "runs_tmpfs": None}

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 import requests
 
@@ -181,7 +182,17 @@ def stop_serve(process: subprocess.Popen[str], timeout: float = 60) -> None:
     """Ctrl-C, as a user stops it; killed if it does not stop within ``timeout``."""
     if process.poll() is None:
         if process.args[0] == "unshare":  # type: ignore[index]
-            os.killpg(process.pid, signal.SIGINT)  # unshare(1) waits; the server is in its session
+            # Ctrl-C to the server alone: unshare(1) would die of it at once and, with
+            # --kill-child, SIGKILL the server before it cleaned up (its runs' dir left behind).
+            # The server's namespace ends when it does.
+            # (Not to a shell between them either: as PID 1 of the namespace, its end is the end of
+            # every process there.)
+            for child in psutil.Process(process.pid).children(recursive=True):
+                try:
+                    if "mocksandbox.cli" in child.cmdline():
+                        child.send_signal(signal.SIGINT)
+                except psutil.Error:
+                    pass
         else:
             process.send_signal(signal.SIGINT)
     try:
