@@ -651,13 +651,18 @@ def _start_lite(
 def _mapped_roots(settings: Settings, runs_root: str, tmp_root: str) -> list[str]:
     """The host dirs runs in a user namespace of their own write in, each mapped to them whole
     (``forkserver._RunUsers``): the runs' layers, and where sessions keep theirs and their dirs.
-    Outermost first: a relay mounts them over the host's in this order."""
+    Outermost first: a relay mounts them over the host's in this order.
+
+    Each with its top-level dir (``/tmp`` for ``/tmp/pytest-of-root/...``): a relay reaches a root
+    through the dirs above it, which the host's root may keep to itself (mode 0700); mapped, they
+    are the runs' root's too."""
     roots = {os.path.realpath(runs_root), os.path.realpath(tmp_root)}
     if settings.state_dir:
         state_dir = os.path.realpath(os.path.expanduser(settings.state_dir))
         if not any(state_dir == root or state_dir.startswith(root + "/") for root in roots):
             os.makedirs(state_dir, exist_ok=True)
             roots.add(state_dir)
+    roots |= {"/" + root.split("/")[1] for root in roots if root.count("/") > 1}
     return sorted(roots, key=lambda root: (root.count("/"), root))
 
 

@@ -826,6 +826,7 @@ class _World:
         if self.host:
             os.mkdir(self.host, 0o755)
             calls.mount("lower", self.host, None, _MS_BIND)
+            os.chdir("/")  # done with the base: the relay holds no dir of the runs'
         read_only_sys = _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
         try:
             calls.mount("sysfs", self.scratch + "/sys", "sysfs", read_only_sys)

@@ -22,6 +22,11 @@ def is_runs_root(path: Path) -> bool:
     return path.name.startswith("mocksandbox-") and os.path.ismount(path)
 
 
+def is_runs_root_lock(path: Path) -> bool:
+    """The lock a live server holds beside its runs' tmpfs (``<dir>.lock``)."""
+    return path.suffix == ".lock" and is_runs_root(path.with_suffix(""))
+
+
 def run(sandbox: MockSandbox, code: str, language: str = "python", **fields: object) -> RunCodeResponse:
     return sandbox.engine.run_code(RunCodeRequest(code=code, language=language, **fields))  # type: ignore[arg-type]
 
@@ -94,7 +99,7 @@ def nothing_left(sandbox: MockSandbox, runs_dir: Path):
     assert run(sandbox, "print('alive')").run_result.stdout == "alive\n"  # type: ignore[union-attr]
     # What is left in runs_dir is empty dirs kept for the next runs, no more than the pool keeps
     # (and, with isolation lite, the runs' tmpfs with no request's layers left in it).
-    left = [d for d in runs_dir.iterdir() if not is_runs_root(d)]
+    left = [d for d in runs_dir.iterdir() if not is_runs_root(d) and not is_runs_root_lock(d)]
     for root in (d for d in runs_dir.iterdir() if is_runs_root(d)):
         assert sorted(p.name for p in root.iterdir()) == [".owner", ".world"]
     assert all(d.is_dir() and not d.is_symlink() and not any(d.iterdir()) for d in left), left
