@@ -57,11 +57,12 @@ def test_allocations_under_and_over_the_limit(sandbox: MockSandbox) -> None:
 
 
 def test_which_limits_take_the_warm_path(sandbox: MockSandbox) -> None:
-    """In fork mode, limits from FORK_MIN_MEMORY_LIMIT_MB up run forked (the launcher's command
-    line shows it); smaller ones, and every run in spawn mode, start a new interpreter."""
-    code = "print('forkserver.py' in open('/proc/self/cmdline').read())"
+    """In fork mode, limits from FORK_MIN_MEMORY_LIMIT_MB up run forked (forks share the
+    launcher's string hash seed: two runs hash alike); smaller ones, and every run in spawn mode,
+    start a new interpreter (a new seed each: 2**-64 to collide)."""
+    code = "print(hash('mocksandbox'))"
     forked = sandbox.settings.exec_mode == "fork"
     for limit, warm in ((1024, forked), (FORK_MIN_MEMORY_LIMIT_MB, forked), (64, False), (-1, forked)):
-        response = run(sandbox, code, limit)
-        assert response.run_result is not None, limit
-        assert response.run_result.stdout == f"{warm}\n", limit
+        first, second = (run(sandbox, code, limit).run_result for _ in range(2))
+        assert first is not None and second is not None, limit
+        assert (first.stdout == second.stdout) == warm, limit

@@ -241,9 +241,11 @@ def kill_and_remove(group: Path) -> None:
 def _kept_empty(path: Path) -> bool:
     """An empty real dir, mode 0700, that the server keeps for a later run; or the tmpfs of an
     isolation-lite server holding no request's layers (only its lock file and the relays' mount
-    point)."""
+    point), and the lock file beside it."""
     if path.name.startswith("mocksandbox-") and os.path.ismount(path):
         return sorted(p.name for p in path.iterdir()) == [".owner", ".world"]
+    if path.name.startswith("mocksandbox-") and path.suffix == ".lock":  # the lock beside that tmpfs
+        return path.with_suffix("").exists() and _kept_empty(path.with_suffix(""))
     if path.is_symlink() or not path.is_dir() or path.stat().st_mode & 0o777 != 0o700:
         return False
     return next(path.iterdir(), None) is None
