@@ -55,10 +55,10 @@ from __future__ import annotations
 
 import errno
 import fnmatch
+import itertools
 import os
 import secrets
 import signal
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -69,7 +69,7 @@ from mocksandbox.execution.budget import (
     own_cgroups,
     plan_memory_budget,
 )
-from mocksandbox.execution.confinement import DRAIN_BOUND_S, _lock_parent, _read
+from mocksandbox.execution.confinement import DRAIN_BOUND_S, JailPool, _lock_parent, _read
 
 #: The controllers that bound runs: without both, v2 confinement is not offered.
 LIMIT_CONTROLLERS: tuple[str, ...] = ("pids", "memory")
@@ -77,8 +77,6 @@ LIMIT_CONTROLLERS: tuple[str, ...] = ("pids", "memory")
 SUBTREE_PREFIX = "mocksandbox-"
 SERVER_LEAF = "server"
 RUNS_DIR = "runs"
-#: Emptied jails kept for reuse (about the most runs in flight at once), as on v1.
-_IDLE_JAILS = 64
 
 
 class CgroupFs:
@@ -471,14 +469,8 @@ class CgroupV2Confinement:
         why = unavailable_reason(home, self.controllers)
         if why is not None:
             raise OSError(errno.EOPNOTSUPP, why)
-        self._lock = threading.Lock()
-        self._counter = 0
-        self._idle: list[CgroupV2Jail] = []
-        #: Jails that could not be removed yet (busy): never reused, removed at close.
-        self._retired: list[CgroupV2Jail] = []
-        #: How many jails were retired because they did not drain in time (still charged or busy).
-        self.retired = 0
-        self._closing = False
+        self._counter = itertools.count()
+        self._pool: JailPool[CgroupV2Jail] = JailPool()
         #: ``(uid, gid)`` runs are on the host, when not the server's user.
         self._owner: tuple[int, int] | None = None
         # Unique per server instance (a random part: pids repeat in every container), and locked
@@ -569,18 +561,22 @@ class CgroupV2Confinement:
         writable here (building the confinement proves the rest)."""
         return unavailable_reason() is None
 
+    @property
+    def retired(self) -> int:
+        """How many jails were retired because they did not drain in time."""
+        return self._pool.retired
+
     def new_jail(self) -> CgroupV2Jail:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop().reopen()
-            run = f"run-{self._counter}"
-            self._counter += 1
+        jail = self._pool.take()
+        if jail is not None:
+            return jail
+        run = f"run-{next(self._counter)}"  # (itertools.count: thread-safe under the GIL)
         return CgroupV2Jail(
             self.runs / run,
             self._fs,
             self.max_processes if self._bounds_processes else None,
             self.max_memory_bytes if self._bounds_memory else None,
-            self._take_back,
+            self._pool.give_back,
             self._warm_procs_file,
             self._owner,
             self.use_kill,
@@ -593,25 +589,8 @@ class CgroupV2Confinement:
         owner = None if uid is None or gid is None else (uid, gid)
         ancestor = owner if owner is not None else (os.geteuid(), os.getegid())
         self._fs.chown(self.subtree / "cgroup.procs", *ancestor)
-        with self._lock:
-            self._owner = owner
-            # Jails made for another owner are not reused.
-            stale, self._idle = self._idle, []
-        for jail in stale:
-            jail.remove()
-
-    def _take_back(self, jail: CgroupV2Jail, drained: bool) -> None:
-        """Keep an emptied jail for reuse (making a group and writing its limits costs more than
-        the run's own bookkeeping); remove one that did not drain, or retire it."""
-        with self._lock:
-            if drained and not self._closing and len(self._idle) < _IDLE_JAILS:
-                self._idle.append(jail)
-                return
-            if not drained:
-                self.retired += 1
-        if not jail.remove():
-            with self._lock:
-                self._retired.append(jail)  # still busy: removed at close
+        self._owner = owner
+        self._pool.forget_idle()  # jails made for another owner are not reused
 
     def describe(self) -> str:
         kill = "cgroup.kill" if self.use_kill else "freeze and kill"
@@ -623,12 +602,5 @@ class CgroupV2Confinement:
         )
 
     def close(self) -> None:
-        with self._lock:
-            if self._closing:
-                return
-            self._closing = True
-            idle, self._idle = self._idle, []
-            retired, self._retired = self._retired, []
-        for jail in idle + retired:
-            jail.remove()
-        self._unbuild()
+        if self._pool.close():
+            self._unbuild()

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import psutil
 
@@ -275,6 +275,64 @@ _IDLE_JAILS = 64
 DRAIN_BOUND_S = 5.0
 
 
+class _PooledJail(Protocol):
+    def reopen(self) -> Any: ...
+
+    def remove(self) -> bool: ...
+
+
+J = TypeVar("J", bound=_PooledJail)
+
+
+class JailPool(Generic[J]):
+    """The emptied cgroups of one confinement, kept for reuse (making a group and writing its
+    limits costs more than a run's own bookkeeping), and those retired because they did not drain
+    in time (never reused, removed at close). Thread-safe; cgroup v1 and v2 share it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: list[J] = []
+        self._retired: list[J] = []
+        #: How many jails were retired because they did not drain in time (still charged or busy).
+        self.retired = 0
+        self._closing = False
+
+    def take(self) -> J | None:
+        """An emptied jail, reopened, if one waits."""
+        with self._lock:
+            return self._idle.pop().reopen() if self._idle else None
+
+    def give_back(self, jail: J, drained: bool) -> None:
+        """Keep a jail that drained for reuse; remove one that did not, or retire it if busy."""
+        with self._lock:
+            if drained and not self._closing and len(self._idle) < _IDLE_JAILS:
+                self._idle.append(jail)
+                return
+            if not drained:
+                self.retired += 1
+        if not jail.remove():
+            with self._lock:
+                self._retired.append(jail)  # still busy: removed at close
+
+    def forget_idle(self) -> None:
+        """Remove the idle jails (made for another owner: not to be reused)."""
+        with self._lock:
+            stale, self._idle = self._idle, []
+        for jail in stale:
+            jail.remove()
+
+    def close(self) -> bool:
+        """Remove every jail kept; ``False`` if the pool was closed already."""
+        with self._lock:
+            if self._closing:
+                return False
+            self._closing = True
+            kept, self._idle, self._retired = self._idle + self._retired, [], []
+        for jail in kept:
+            jail.remove()
+        return True
+
+
 def _remove_stale_parents(home: Path) -> None:
     """Remove the cgroups of mocksandbox servers that died without cleaning up (e.g. SIGKILL).
 
@@ -334,13 +392,7 @@ class CgroupConfinement:
         self.max_processes = min(max_processes, self.budget.per_run)
         self.max_memory_bytes = min(max_memory_mb * 1024 * 1024, self.memory_budget.per_run)
         self._counter = itertools.count()
-        self._lock = threading.Lock()
-        self._idle: list[CgroupJail] = []
-        #: Jails that could not be removed yet (busy): never reused, removed at close.
-        self._retired: list[CgroupJail] = []
-        #: How many jails were retired because they did not drain in time (still charged or busy).
-        self.retired = 0
-        self._closing = False
+        self._pool: JailPool[CgroupJail] = JailPool()
         #: ``(uid, gid)`` runs are on the host, when not the server's user.
         self._owner: tuple[int, int] | None = None
         self._parents: dict[str, Path] = {}
@@ -375,41 +427,29 @@ class CgroupConfinement:
         except OSError:
             return False
 
+    @property
+    def retired(self) -> int:
+        """How many jails were retired because they did not drain in time."""
+        return self._pool.retired
+
     def new_jail(self) -> CgroupJail:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop().reopen()
-            run = f"run-{next(self._counter)}"
+        jail = self._pool.take()
+        if jail is not None:
+            return jail
+        run = f"run-{next(self._counter)}"  # (itertools.count: thread-safe under the GIL)
         dirs = {c: self._parents[c] / run for c in _CONTROLLERS}
         return CgroupJail(
             dirs,
             self.max_processes,
             self.max_memory_bytes,
-            self._take_back,
+            self._pool.give_back,
             self._warm_procs_file,
             self._owner,
         )
 
     def delegate_runs_to(self, uid: int | None, gid: int | None) -> None:
-        with self._lock:
-            self._owner = None if uid is None or gid is None else (uid, gid)
-            # Jails made for another owner are not reused.
-            stale, self._idle = self._idle, []
-        for jail in stale:
-            jail.remove()
-
-    def _take_back(self, jail: CgroupJail, drained: bool) -> None:
-        """Keep an emptied jail for reuse (making and removing three cgroups per run costs more
-        than the run's own bookkeeping); remove one that did not drain, or retire it."""
-        with self._lock:
-            if drained and not self._closing and len(self._idle) < _IDLE_JAILS:
-                self._idle.append(jail)
-                return
-            if not drained:
-                self.retired += 1
-        if not jail.remove():
-            with self._lock:
-                self._retired.append(jail)  # still busy: removed at close
+        self._owner = None if uid is None or gid is None else (uid, gid)
+        self._pool.forget_idle()  # jails made for another owner are not reused
 
     def describe(self) -> str:
         return (
@@ -418,12 +458,7 @@ class CgroupConfinement:
         )
 
     def close(self) -> None:
-        with self._lock:
-            self._closing = True
-            idle, self._idle = self._idle, []
-            retired, self._retired = self._retired, []
-        for jail in idle + retired:
-            jail.remove()
+        self._pool.close()
         for parent in self._parents.values():
             _remove_dir_tree(parent)
         locks, self._owner_locks = self._owner_locks, []
