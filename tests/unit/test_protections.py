@@ -1,0 +1,68 @@
+"""The protections table (``mocksandbox doctor``, the banner, the plugin's summary) read off an
+engine's isolation and confinement: what each combination is said to give, and what would give
+the rest. The hostile suite (tests/server/test_host_shapes.py) holds the real table to what runs
+can do on each host shape; these cases cover the combinations a machine cannot make."""
+
+from __future__ import annotations
+
+from mocksandbox.execution.budget import MemoryBudget, ProcessBudget
+from mocksandbox.execution.confinement import ProcessGroupConfinement
+from mocksandbox.execution.protections import format_table, protections, summary
+from mocksandbox.execution.world import Isolation
+
+
+class _Cgroups:
+    """Stands in for a cgroup confinement (v1 unless ``version``)."""
+
+    name = "cgroup"
+    max_processes = 512
+    max_memory_bytes = 4096 << 20
+
+    def __init__(self, version: int = 1) -> None:
+        self.version = version
+
+
+def holds(rows: list, name: str) -> str:
+    return next(row.holds for row in rows if row.name == name)
+
+
+def test_a_root_server_with_cgroups_gives_everything() -> None:
+    isolation = Isolation("lite", run_uid=1 << 30, syscall_filter=True)
+    rows = protections(isolation, _Cgroups(2))  # type: ignore[arg-type]
+    assert {row.holds for row in rows} == {"yes"}
+    assert "cgroup v2 pids.max 512 per run" in format_table(rows)
+    assert summary(rows).startswith("files, processes, network, secrets, non-root uid, seccomp")
+    assert "NOT" not in summary(rows)
+
+
+def test_what_auto_could_not_give_is_no_with_why_and_what_would_give_it() -> None:
+    isolation = Isolation("lite", run_as_reason="this kernel has no user namespaces", syscall_filter=False,
+                          syscall_filter_reason="pyseccomp is not installed")  # fmt: skip
+    rows = protections(isolation, _Cgroups())  # type: ignore[arg-type]
+    non_root = next(row for row in rows if row.name == "non-root uid")
+    assert non_root.holds == "no" and "this kernel has no user namespaces" in non_root.how
+    assert non_root.remedy == "--run-as user"
+    assert holds(rows, "seccomp") == "no"
+    assert "NOT: non-root uid, seccomp" in summary(rows)
+    assert "to have it: --run-as user" in format_table(rows)
+
+
+def test_without_cgroups_the_bounds_are_rlimits_and_said_to_be_weaker() -> None:
+    confinement = ProcessGroupConfinement(
+        ProcessBudget(None, 0, None, 256), MemoryBudget(None, 0, None, 0), 1024
+    )
+    confinement.delegate_runs_to(1 << 30, 1 << 30)  # runs a uid of their own, per relay namespace
+    rows = protections(Isolation("lite", run_uid=1 << 30, syscall_filter=True), confinement)
+    assert holds(rows, "process bound") == "yes"
+    assert (holds(rows, "memory bound"), holds(rows, "scratch bound")) == ("partly", "partly")
+    assert "RLIMIT_NPROC 256 per run" in format_table(rows)
+    assert "RLIMIT_DATA 1024 MiB per process" in format_table(rows)
+
+
+def test_isolation_none_gives_no_world_and_says_why() -> None:
+    rows = protections(Isolation("none", "host", "lite needs overlayfs"), _Cgroups())  # type: ignore[arg-type]
+    for name in ("files", "processes", "network", "seccomp"):
+        assert holds(rows, name) == "no", name
+    assert holds(rows, "secrets") == "partly"
+    files = next(row for row in rows if row.name == "files")
+    assert "lite needs overlayfs" in files.how and "isolation lite" in files.remedy
