@@ -609,6 +609,7 @@ def _start_lite(
                 "runs_tmpfs": RUNS_TMPFS_SIZE,
             }
             world["runs_root"] = runs_root.path
+            world["show"] = _runtime_dirs(settings)
             confinement.delegate_runs_to(run_uid, os.getegid())
         elif as_user:
             run_uid = reserve_run_uids()
@@ -646,6 +647,15 @@ def _start_lite(
             runs_root.close()
         confinement.delegate_runs_to(None, None)
         raise
+
+
+def _runtime_dirs(settings: Settings) -> list[str]:
+    """The dirs of the user's Python (its venv, the interpreter it is made from) and of the runtime
+    libraries: where a world leaves out the host's (a server that is not root starts runs with an
+    empty /tmp), a run must see these all the same."""
+    python = Path(settings.python)
+    dirs = {str(python.parent.parent), str(python.resolve().parent.parent), str(Path(settings.runtime_dir))}
+    return sorted(os.path.abspath(d) for d in dirs if d != "/")
 
 
 def _mapped_roots(settings: Settings, runs_root: str, tmp_root: str) -> list[str]:

@@ -473,6 +473,10 @@ _DEV_LINKS = (
     ("ptmx", "pts/ptmx"),
 )
 
+#: Top-level dirs that a run of an unprivileged server finds empty, as in a fresh container (see
+#: ``_World._host_tops``), but for what it must see there (``_World.shown``).
+_FRESH_TOPS = ("tmp", "run")
+
 #: The launcher's world settings (``--world``), or ``None``: runs share the host's (isolation none).
 _WORLD_CONFIG = None
 #: Set in each relay that entered its world.
@@ -843,8 +847,15 @@ class _World:
             self.has_pts = True
         except OSError:
             self.has_pts = False
+        #: Host dirs a run must see where its tops leave them out (the user's Python and runtime,
+        #: kept under /tmp by a CI job or a checkout there): bound read-only for each run.
+        self.shown: list = []
         if self.users and not self.host:
             self.tops = self._host_tops()
+            fresh = [f"/{name}/" for name in _FRESH_TOPS]
+            self.shown = [
+                p for p in config.get("show", []) if p.startswith(tuple(fresh)) and os.path.isdir(p)
+            ]
         #: Dirs whose entries with a prefix are hidden as they come and go: ``[dir, prefix]``.
         self.hidden_prefixes = [tuple(pair) for pair in config.get("hide_prefixed", [])]
         self._scanned: dict = {}
@@ -916,7 +927,7 @@ class _World:
         tops = []
         for name in sorted(os.listdir("/")):
             path = "/" + name
-            if name in ("proc", "sys", "dev", "tmp", "run"):
+            if name in ("proc", "sys", "dev", *_FRESH_TOPS):
                 continue
             try:
                 info = os.lstat(path)
@@ -962,6 +973,8 @@ class _World:
             os.chmod(dev + "/" + name, mode)
         for path in hidden:
             self._mask_path(path)
+        for path in self.shown:  # mount points for them (the host's own modes and owners)
+            self._mask_dir(path, False)
 
     def _mask_path(self, path: str) -> bool:
         """``path`` made present but empty in the mask layer; whether there was one to hide."""
@@ -1032,6 +1045,9 @@ class _World:
         self.mounted = True
         for name, how in tops:
             self._mount_top(name, how, world)
+        for path in self.shown:
+            self.calls.mount(path, self.root + path, None, _MS_BIND | _MS_REC)
+            self.calls.mount(None, self.root + path, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY)
         self.calls.mount("/proc", self.root + "/proc", None, _MS_BIND | _MS_REC)
         self.calls.mount(self.scratch + "/sys", self.root + "/sys", None, _MS_BIND | _MS_REC)
         if self.has_pts:
