@@ -108,7 +108,9 @@ def _non_root(isolation: Isolation) -> Protection:
 
 
 def _bounds(isolation: Isolation, confinement: Confinement) -> list[Protection]:
-    """Process, memory and scratch bounds: cgroups where the confinement has them, else rlimits."""
+    """Process, memory and scratch bounds: cgroups where the confinement has them, else rlimits.
+    (The figures are each confinement's own attributes, beyond the ``Confinement`` protocol: read
+    where present, as a stand-in in a test may lack them.)"""
     megabytes = getattr(confinement, "max_memory_bytes", 0) // (1024 * 1024)
     if confinement.name == "cgroup":
         version = getattr(confinement, "version", 1)
