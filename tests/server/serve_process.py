@@ -17,8 +17,10 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -75,6 +77,40 @@ class ServeProcess:
 HOST_SHAPES = ("root", "root-without-cgroups", "ordinary-user", "pid-namespace-child")
 #: The uid an ``ordinary-user`` server runs as.
 ORDINARY_UID = 65534
+
+
+def stdout_of(answer: dict[str, object]) -> str:
+    """A /run_code answer's stdout (it must have a run result)."""
+    result = answer["run_result"]
+    assert isinstance(result, dict), answer
+    return str(result["stdout"])
+
+
+def run_uid_of(server: ServeProcess) -> int:
+    """The host uid the banner says runs are."""
+    match = re.search(r"runs are uid (\d+) on the host", "".join(server.banner))
+    assert match is not None, "".join(server.banner)
+    return int(match.group(1))
+
+
+def a_runs_ids_on_the_host(server: ServeProcess) -> tuple[Any, Any]:
+    """``(uids, gids)`` of a run's process as the kernel has them, read from this side (psutil):
+    a run that sleeps under a marker name is found here, read, and killed."""
+    marker = f"mocksandbox-uid-probe-{uuid.uuid4().hex}"
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(server.run, f"exec -a {marker} sleep 30", language="bash", run_timeout=40)
+        deadline = time.monotonic() + 20
+        found: list[psutil.Process] = []
+        while not found and time.monotonic() < deadline:
+            found = [
+                p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])
+            ]
+            time.sleep(0.05)
+        assert found, "the run's process was not seen from the host"
+        ids = found[0].uids(), found[0].gids()
+        found[0].kill()
+        answer.result(timeout=30)
+    return ids
 
 
 def shape_command(shape: str, command: list[str], home: Path | None = None) -> list[str]:

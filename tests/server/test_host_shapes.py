@@ -18,13 +18,9 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
-import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import psutil
 import pytest
 import requests
 from serve_process import (
@@ -32,8 +28,11 @@ from serve_process import (
     NO_PROXY,
     ORDINARY_UID,
     ServeProcess,
+    a_runs_ids_on_the_host,
+    run_uid_of,
     shape_command,
     start_serve,
+    stdout_of,
     stop_serve,
 )
 
@@ -75,12 +74,6 @@ def server(shape: str, home: Path) -> Iterator[ServeProcess]:
     stop_serve(process.process)
 
 
-def stdout_of(answer: dict[str, object]) -> str:
-    result = answer["run_result"]
-    assert isinstance(result, dict), answer
-    return str(result["stdout"])
-
-
 def answers(server: ServeProcess) -> bool:
     return requests.get(f"{server.url}/v1/ping", timeout=30, proxies=NO_PROXY).status_code == 200
 
@@ -88,28 +81,13 @@ def answers(server: ServeProcess) -> bool:
 def test_runs_are_never_the_hosts_root(server: ServeProcess, shape: str) -> None:
     text = "".join(server.banner)
     assert "isolation: lite" in text, text
-    match = re.search(r"runs are uid (\d+) on the host", text)
-    assert match is not None, text
-    run_uid = int(match.group(1))
+    run_uid = run_uid_of(server)
     assert run_uid != 0
     if shape == "ordinary-user":
         assert run_uid == ORDINARY_UID
     assert stdout_of(server.run("id -u", language="bash")) == "0\n"  # root in its world, as on SandboxFusion
     # ... and that uid on the host, as the kernel says from this side.
-    marker = f"mocksandbox-uid-probe-{uuid.uuid4().hex}"
-    with ThreadPoolExecutor(1) as pool:
-        answer = pool.submit(server.run, f"exec -a {marker} sleep 30", language="bash", run_timeout=40)
-        deadline = time.monotonic() + 20
-        found: list[psutil.Process] = []
-        while not found and time.monotonic() < deadline:
-            found = [
-                p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])
-            ]
-            time.sleep(0.05)
-        assert found, "the run's process was not seen from the host"
-        uids = found[0].uids()
-        found[0].kill()
-        answer.result(timeout=30)
+    uids, _ = a_runs_ids_on_the_host(server)
     assert (uids.real, uids.effective, uids.saved) == (run_uid,) * 3
 
 

@@ -23,10 +23,17 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import psutil
 import pytest
 import requests
-from serve_process import NO_PROXY, ServeProcess, start_serve, stop_serve
+from serve_process import (
+    NO_PROXY,
+    ServeProcess,
+    a_runs_ids_on_the_host,
+    run_uid_of,
+    start_serve,
+    stdout_of,
+    stop_serve,
+)
 
 from mocksandbox.execution.world import lite_unavailable_reason
 
@@ -81,24 +88,11 @@ def server(home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ser
     stop_serve(process.process)
 
 
-def stdout_of(answer: dict[str, object]) -> str:
-    result = answer["run_result"]
-    assert isinstance(result, dict), answer
-    return str(result["stdout"])
-
-
 def test_the_banner_says_what_is_in_force(server: ServeProcess) -> None:
     text = "".join(server.banner)
     assert "isolation: lite" in text and "own loopback only" in text
     assert "hidden from runs" in text and ".ssh" in text and "MY_SERVICE_API_TOKEN" in text
     assert "KEEP_ME_TOKEN" not in text
-
-
-def run_uid_of(server: ServeProcess) -> int:
-    """The host uid the banner says runs are."""
-    match = re.search(r"runs are uid (\d+) on the host", "".join(server.banner))
-    assert match is not None, "".join(server.banner)
-    return int(match.group(1))
 
 
 def test_a_run_is_root_only_in_a_user_namespace_of_its_own(server: ServeProcess) -> None:
@@ -114,20 +108,7 @@ def test_a_run_is_root_only_in_a_user_namespace_of_its_own(server: ServeProcess)
     assert lines[:4] == ["0", "0", "0 0", "0 0"]
     assert lines[4].split() == ["0", str(run_uid), "65536"]
     assert lines[5] == "0"
-    marker = f"mocksandbox-uid-probe-{uuid.uuid4().hex}"
-    with ThreadPoolExecutor(1) as pool:
-        answer = pool.submit(server.run, f"exec -a {marker} sleep 30", language="bash", run_timeout=40)
-        deadline = time.monotonic() + 20
-        found: list[psutil.Process] = []
-        while not found and time.monotonic() < deadline:
-            found = [
-                p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])
-            ]
-            time.sleep(0.05)
-        assert found, "the run's process was not seen from the host"
-        uids, gids = found[0].uids(), found[0].gids()
-        found[0].kill()
-        answer.result(timeout=30)
+    uids, gids = a_runs_ids_on_the_host(server)
     assert (uids.real, uids.effective, uids.saved) == (run_uid,) * 3
     assert (gids.real, gids.effective) == (run_uid,) * 2
 
