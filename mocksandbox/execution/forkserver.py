@@ -379,11 +379,12 @@ def _receive(sock: _socket.socket, fd_count: int) -> tuple | None:
 
 
 def _read_all(fd: int) -> bytes:
-    """Everything written on ``fd`` until its writer closed it; closes it."""
+    """Everything on ``fd`` (until its writer closed it, or the file's end), read with plain system
+    calls (no io objects to build in a program); closes it."""
     chunks = []
     try:
         while True:
-            chunk = os.read(fd, 1 << 16)
+            chunk = os.read(fd, 1 << 20)
             if not chunk:
                 return b"".join(chunks)
             chunks.append(chunk)
@@ -1295,17 +1296,8 @@ def _run_main(path: str, main: object) -> int:
 
 
 def _read_file(path: str) -> bytes:
-    """The file's bytes, read with plain system calls (no io objects to build in the program)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks = []
-        while True:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
+    """The file's bytes (see ``_read_all``)."""
+    return _read_all(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
 
 
 def _system_exit_code(exc: SystemExit) -> int:
