@@ -282,7 +282,14 @@ def _cgroup_v1_limits(proc: Path, sys_fs: Path, controller: str, read: _Reader[L
     return []
 
 
-def _cgroup_v2_mount(proc: Path) -> Path | None:
+def _unescape_mount_path(field: str) -> str:
+    """A path of ``/proc/self/mountinfo``: spaces, tabs, newlines and backslashes come octal."""
+    return field.encode().decode("unicode_escape") if "\\" in field else field
+
+
+def cgroup2_mount(proc: Path = Path("/proc")) -> tuple[Path, str] | None:
+    """Where the cgroup v2 hierarchy is mounted (usually ``/sys/fs/cgroup``; on hybrid hosts
+    ``/sys/fs/cgroup/unified``) and which of its cgroups is that mount's root, or ``None``."""
     try:
         lines = (proc / "self" / "mountinfo").read_text().splitlines()
     except OSError:
@@ -290,14 +297,16 @@ def _cgroup_v2_mount(proc: Path) -> Path | None:
     for line in lines:
         fields = line.split(" - ", 1)
         if len(fields) == 2 and fields[1].split(" ", 1)[0] == "cgroup2":
-            return Path(fields[0].split()[4])
+            mine = fields[0].split()
+            return Path(_unescape_mount_path(mine[4])), _unescape_mount_path(mine[3])
     return None
 
 
 def _cgroup_v2_limits(proc: Path, read: _Reader[L]) -> list[L]:
-    mount = _cgroup_v2_mount(proc)
-    if mount is None:
+    found = cgroup2_mount(proc)
+    if found is None:
         return []
+    mount = found[0]
     for controllers, path in own_cgroups(proc):
         if controllers == "":
             return _limits_up_from(mount, path, "cgroup v2", read)

@@ -66,6 +66,7 @@ from pathlib import Path
 from mocksandbox.execution.budget import (
     MemoryBudget,
     ProcessBudget,
+    cgroup2_mount,
     own_cgroups,
     plan_memory_budget,
 )
@@ -180,26 +181,6 @@ def freeze(fs: CgroupFs, group: Path, frozen: bool, within: float = 1.0) -> bool
 
 
 # -- where the server is -------------------------------------------------------------------------
-
-
-def _unescape_mount_path(field: str) -> str:
-    """A path of ``/proc/self/mountinfo``: spaces, tabs, newlines and backslashes come octal."""
-    return field.encode().decode("unicode_escape") if "\\" in field else field
-
-
-def cgroup2_mount(proc: Path = Path("/proc")) -> tuple[Path, str] | None:
-    """Where the cgroup v2 hierarchy is mounted (usually ``/sys/fs/cgroup``; on hybrid hosts
-    ``/sys/fs/cgroup/unified``) and which of its cgroups is that mount's root, or ``None``."""
-    try:
-        lines = (proc / "self" / "mountinfo").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        fields = line.split(" - ", 1)
-        if len(fields) == 2 and fields[1].split(" ", 1)[0] == "cgroup2":
-            mine = fields[0].split()
-            return Path(_unescape_mount_path(mine[4])), _unescape_mount_path(mine[3])
-    return None
 
 
 def own_cgroup_v2_dir(proc: Path = Path("/proc")) -> Path | None:
