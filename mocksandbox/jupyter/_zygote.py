@@ -139,6 +139,7 @@ class _Worlds:
                 {**config, "userns": users, "scratch": self.users_base}, self.calls
             )
         said_r, said_w = os.pipe()
+        zygote = os.getpid()
         pid = os.fork()
         if pid == 0:
             os.close(said_r)
@@ -146,11 +147,13 @@ class _Worlds:
                 import ctypes
 
                 os.setsid()  # (killed as a group, apart from the zygote)
-                ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-                if select_ready(self.alive_read):
-                    os._exit(1)  # the zygote died before the line above
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # ours to wait for
                 self.users.become_root(self.calls)
+                # Only now: a change of credentials (become_root's) clears the parent-death signal,
+                # and without it this child, its world and its kernel outlived a killed zygote.
+                ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+                if os.getppid() != zygote:
+                    os._exit(1)  # the zygote died before the line above
                 world = os.fork()
             except BaseException as exc:
                 os.write(said_w, f"{exc}".encode() or b"failed")
@@ -281,13 +284,6 @@ def main() -> int:
         if worlds is not None:
             worlds.close()
     return 0
-
-
-def select_ready(fd: int) -> bool:
-    """Whether ``fd`` is readable now (a pipe whose writer is gone reads as end of file)."""
-    import select
-
-    return bool(select.select([fd], [], [], 0)[0])
 
 
 def _still_ours(pid: int) -> bool:

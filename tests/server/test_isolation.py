@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
 import pytest
 import requests
 from serve_process import (
@@ -564,3 +565,36 @@ def test_a_jupyter_kernel_is_root_only_in_a_user_namespace_of_its_own(server: Se
     uid, inside, outside = re.findall(r"\d+", answer["cells"][0]["stdout"])
     assert (uid, inside) == ("0", "0")
     assert outside == str(run_uid_of(server))
+
+
+def test_a_killed_kernels_fork_server_leaves_no_kernel_running() -> None:
+    """A kernel's world hangs from a child of the kernels' fork server (the zygote) that joined the
+    runs' user namespace: when the zygote is killed mid-cell, that child, its world and the kernel
+    die too (their parent-death signals are set after the change of credentials that clears them)."""
+    server = start_serve(pid_namespace=True)
+    pool = ThreadPoolExecutor(1)
+    try:
+        if "jupyter: off" in "".join(server.banner):
+            pytest.fail("no ipykernel for the server's interpreter: make test installs the jupyter extra")
+        marker = f"300.{uuid.uuid4().int % 10**9}"  # (sleep's argument: a number, and this test's own)
+        cells = [f"import subprocess, time\nsubprocess.Popen(['sleep', '{marker}'])\ntime.sleep(120)"]
+        pool.submit(
+            requests.post, f"{server.url}/run_jupyter", json={"cells": cells}, timeout=150, proxies=NO_PROXY
+        )
+        deadline = time.monotonic() + 60
+        while not processes_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert processes_with(marker), "the kernel's program did not start"
+        tree = psutil.Process(server.process.pid).children(recursive=True)
+        forks = {p.pid for p in tree if "_zygote.py" in " ".join(p.cmdline())}
+        zygotes = [p for p in tree if p.pid in forks and p.ppid() not in forks]
+        assert zygotes, "no kernels' fork server under the server"
+        for zygote in zygotes:
+            zygote.kill()
+        deadline = time.monotonic() + 10
+        while processes_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert processes_with(marker) == []
+    finally:
+        stop_serve(server.process)
+        pool.shutdown(wait=False, cancel_futures=True)
