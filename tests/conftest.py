@@ -48,11 +48,16 @@ def pytest_configure(config: pytest.Config) -> None:
     from mocksandbox.settings import SettingsError, load_settings
 
     try:
-        version = interpreter_version(load_settings().python)
+        settings = load_settings()
     except SettingsError:
         return
+    version = interpreter_version(settings.python)
     if version is not None:
         os.environ.setdefault("MOCKSANDBOX_PRODUCTION_PYTHON", f"{version[0]}.{version[1]}")
+        # The same runtime for servers started with another HOME (pytester's): where `make serve`
+        # installed one, theirs would otherwise be this interpreter, another version than the one
+        # just set, and every answer would carry a note the tests do not count.
+        os.environ.setdefault("MOCKSANDBOX_RUNTIME_DIR", settings.runtime_dir)
 
 
 @pytest.fixture(params=["local", "shared", "pooled"])
