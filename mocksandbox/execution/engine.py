@@ -270,7 +270,7 @@ class ExecutionEngine:
                     request.run_timeout,
                     request.memory_limit_MB,
                     python_file=code_path if self._forks(spec, request) else None,
-                    world=workspace.next_command(),
+                    world=workspace.next_command(last=True),
                 )
             self._note_missing_toolchain(spec, compile_result or run_result)
             if spec.python_env and run_result is not None:
@@ -306,7 +306,7 @@ class ExecutionEngine:
                     env=self._base_env,
                     stdin=None,
                     timeout=30.0,
-                    world=workspace.next_command(),
+                    world=workspace.next_command(last=True),
                 )
             )
         finally:

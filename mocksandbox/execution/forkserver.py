@@ -277,19 +277,25 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
                 os.kill(-1, _signal.SIGKILL)
             except OSError:
                 pass  # nothing left
-            # Once they are gone and the run's root is unmounted, its files hold nothing: the
-            # server, told the run is over when the status pipe closes, removes them at once, and
-            # their space must be free for the next request.
+            # Once they are gone, the run's files change no more: the server, told the run is
+            # over when the status pipe closes, reads them and removes them at once.
             _WORLD.reap(until_gone=True)
-            _WORLD.unmount_run()
+            # Its root is unmounted after that, off the answer's path, where nothing needs it
+            # sooner: a later command of the request stacks its layer over this one's (which must
+            # not be an upper layer then), and the space the run's files took on the runs' tmpfs
+            # comes back only when they are unmounted (a run that filled it must not cost the
+            # next request an ENOSPC).
+            if not (world.get("last") and _WORLD.space_to_spare(world["upper"])):
+                _WORLD.unmount_run()
         _write_all(status_fd, _STATUS_EXIT + status.to_bytes(8, "little", signed=True))
     except OSError:
         pass  # the server gave up on this run (it closed its end): nobody to tell
     finally:
         if world is not None:
             _WORLD.reap()
-            _WORLD.unmount_run()
         os.close(status_fd)
+        if world is not None:
+            _WORLD.unmount_run()  # (the next run of this relay waits for it)
 
 
 def _wait_for(pid: int) -> int:
@@ -416,7 +422,7 @@ def _become_subreaper() -> bool:
 # a run). What lasts is made once per relay: the launcher forks each relay as the first process
 # (PID 1) of a new PID namespace, and the relay enters new mount, network, IPC and UTS namespaces of
 # its own, mounts its /proc, hardens it, and builds the read-only pieces every run shares (a mask
-# layer, a read-only /sys, a /dev/pts). What is fresh is made per run: an overlay whose upper layer
+# layer, a read-only /sys, a /dev). What is fresh is made per run: an overlay whose upper layer
 # the server made for this request, and the program chroot'ed into it with a reduced capability set.
 
 _CLONE_NEWNS = 0x00020000
@@ -580,8 +586,8 @@ class _Syscalls:
         ctypes.memmove(ctypes.addressof(self._filter) + 8, pointer, 8)
 
     def install_filter(self) -> None:
-        """In a forked program, while it may still (CAP_SYS_ADMIN where it is): the filter, for
-        it and everything it starts."""
+        """In a world's first process, while it may (CAP_SYS_ADMIN in its user namespace): the
+        filter, for it and everything it starts."""
         result = self.libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(self._filter), 0, 0)
         self._check(result, "seccomp")
 
@@ -826,7 +832,7 @@ class _World:
         if os.path.exists("/proc/sysrq-trigger"):
             calls.mount("/dev/null", "/proc/sysrq-trigger", None, _MS_BIND)
         calls.mount("tmpfs", self.scratch, "tmpfs", _MS_NOSUID, "mode=0700,size=8m")
-        for name in ("mask", "sys", "pts", "root"):
+        for name in ("mask", "sys", "dev", "root"):
             os.mkdir(self.scratch + "/" + name, 0o755)
         if self.host:
             os.mkdir(self.host, 0o755)
@@ -842,12 +848,7 @@ class _World:
             # with run_network: host): the host's, read-only.
             calls.mount("/sys", self.scratch + "/sys", None, _MS_BIND | _MS_REC)
             calls.mount(None, self.scratch + "/sys", None, _MS_BIND | _MS_REMOUNT | read_only_sys)
-        try:
-            pts_options = "newinstance,ptmxmode=0666,mode=0620"
-            calls.mount("devpts", self.scratch + "/pts", "devpts", _MS_NOSUID | _MS_NOEXEC, pts_options)
-            self.has_pts = True
-        except OSError:
-            self.has_pts = False
+        self._build_dev(calls)
         #: Host dirs a run must see where its tops leave them out (the user's Python and runtime,
         #: kept under /tmp by a CI job or a checkout there): bound read-only for each run.
         self.shown: list = []
@@ -866,12 +867,17 @@ class _World:
         self.keep_caps = set(config["keep_caps"])
         calls.drop_bounding_set(self.keep_caps)
         calls.prepare_capabilities(self.keep_caps)
-        #: The runs' seccomp filter (``syscall_filter.py``), if the server has one.
+        # A handler, not the default action: a namespace's PID 1 drops signals it has none for.
+        _signal.signal(_signal.SIGIO, _end_the_run)
+        #: The runs' seccomp filter (``syscall_filter.py``), if the server has one: installed here,
+        #: once, in the world's first process (the relay, or a kernel's world), so that each
+        #: program inherits it at its fork instead of paying for a filter of its own (the kernel
+        #: compiles and JITs each one; about a fifth of a millisecond a run). What the relay still
+        #: does for each run (mount and unmount its root) the filter leaves to the capability check.
         self.filtered = config.get("syscall_filter") is not None
         if self.filtered:
             calls.prepare_filter(binascii.a2b_base64(config["syscall_filter"]))
-        # A handler, not the default action: a namespace's PID 1 drops signals it has none for.
-        _signal.signal(_signal.SIGIO, _end_the_run)
+            calls.install_filter()
 
     @staticmethod
     def _loopback_up() -> None:
@@ -888,6 +894,33 @@ class _World:
             )
         finally:
             sock.close()
+
+    def _build_dev(self, calls: _Syscalls) -> None:
+        """The runs' /dev, made once: a small tmpfs of the harmless devices, their usual links and a
+        /dev/pts of this relay's own, read-only (each run mounts a fresh /dev/shm on it). A run
+        binds it whole, with one call (a bind per device cost each run a lookup in its new overlay
+        and a mount of its own)."""
+        dev = self.scratch + "/dev"
+        calls.mount("tmpfs", dev, "tmpfs", _MS_NOSUID | _MS_NOEXEC, "mode=0755,size=64k")
+        for name, major, minor in _DEVICES:
+            if self.users:
+                # No device nodes in a user namespace (nor could a run open them on a file system
+                # mounted there): the host's own, bound on these.
+                os.close(os.open(dev + "/" + name, os.O_WRONLY | os.O_CREAT, 0o666))
+                calls.mount("/dev/" + name, dev + "/" + name, None, _MS_BIND)
+            else:
+                os.mknod(dev + "/" + name, 0o666 | 0o020000, os.makedev(major, minor))
+                os.chmod(dev + "/" + name, 0o666)
+        for name, target in _DEV_LINKS:
+            os.symlink(target, dev + "/" + name)
+        for name in ("shm", "pts", "mqueue"):
+            os.mkdir(dev + "/" + name, 0o755)
+        try:
+            pts_options = "newinstance,ptmxmode=0666,mode=0620"
+            calls.mount("devpts", dev + "/pts", "devpts", _MS_NOSUID | _MS_NOEXEC, pts_options)
+        except OSError:
+            pass  # no pseudo-terminals then (a kernel without devpts, or one that refuses it here)
+        calls.mount(None, dev, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NOEXEC)
 
     def _mask_dir(self, path: str, opaque: bool) -> str:
         """``path`` made in the mask layer with its host attributes (the topmost layer holding a
@@ -946,8 +979,8 @@ class _World:
         return tops
 
     def _build_mask(self, hidden: list) -> None:
-        """The layer between each run's upper layer and the host: a /dev of harmless devices, and
-        every hidden path (secrets, the server's state) present but empty. Where the host's top
+        """The layer between each run's upper layer and the host: an empty /dev, and every hidden
+        path (secrets, the server's state) present but empty. Where the host's top
         dirs are layers of their own (``tops``), the mask holds the top of the host's tree too."""
         if self.tops is not None:
             for name in os.listdir("/"):
@@ -958,20 +991,7 @@ class _World:
                         self._mask_dir("/" + name, False)
                 except OSError:
                     continue
-        dev = self._mask_dir("/dev", True)
-        for name, major, minor in _DEVICES:
-            if self.users:
-                # No device nodes in a user namespace (nor could a run open them on a file system
-                # mounted there): the host's own are bound on these for each run.
-                os.close(os.open(dev + "/" + name, os.O_WRONLY | os.O_CREAT, 0o666))
-            else:
-                os.mknod(dev + "/" + name, 0o666 | 0o020000, os.makedev(major, minor))
-            os.chmod(dev + "/" + name, 0o666)
-        for name, target in _DEV_LINKS:
-            os.symlink(target, dev + "/" + name)
-        for name, mode in (("shm", 0o1777), ("pts", 0o755), ("mqueue", 0o1777)):
-            os.mkdir(dev + "/" + name)
-            os.chmod(dev + "/" + name, mode)
+        self._mask_dir("/dev", True)  # (the runs' /dev is mounted on it: _build_dev)
         for path in hidden:
             self._mask_path(path)
         for path in self.shown:  # mount points for them (the host's own modes and owners)
@@ -1022,7 +1042,7 @@ class _World:
                 masked.discard(name)
 
     def mount_run(self, world: dict) -> None:
-        """The run's root: its layers over the mask over the host, with /proc, /sys and /dev/pts,
+        """The run's root: its layers over the mask over the host, with /proc, /sys and /dev,
         and the host dirs ``world["binds"]`` names (``[host dir, where the run sees it]``)."""
         if self.mounted:  # the last run's, if its unmount failed
             self.unmount_run()
@@ -1051,11 +1071,11 @@ class _World:
             self.calls.mount(None, self.root + path, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY)
         self.calls.mount("/proc", self.root + "/proc", None, _MS_BIND | _MS_REC)
         self.calls.mount(self.scratch + "/sys", self.root + "/sys", None, _MS_BIND | _MS_REC)
-        if self.has_pts:
-            self.calls.mount(self.scratch + "/pts", self.root + "/dev/pts", None, _MS_BIND)
-        if self.users:
-            for name, _, _ in _DEVICES:
-                self.calls.mount("/dev/" + name, self.root + "/dev/" + name, None, _MS_BIND)
+        self.calls.mount(self.scratch + "/dev", self.root + "/dev", None, _MS_BIND | _MS_REC)
+        # Docker's /dev/shm: a tmpfs of the run's own, 64 MiB.
+        self.calls.mount(
+            "tmpfs", self.root + "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777,size=64m"
+        )
         # Host dirs the run works in, in place (a swedev session's /workspace and /tmp): their
         # mount points are made in the run's upper layer.
         for source, target in world.get("binds", ()):
@@ -1081,6 +1101,15 @@ class _World:
             "overlay", target, "overlay", 0, options + ",userxattr,redirect_dir=nofollow,index=off"
         )
 
+    @staticmethod
+    def space_to_spare(path: str) -> bool:
+        """Whether the file system of ``path`` (the runs' tmpfs) has more than half its space free."""
+        try:
+            sizes = os.statvfs(path)
+        except OSError:
+            return False
+        return sizes.f_bavail * 2 > sizes.f_blocks
+
     def unmount_run(self) -> None:
         if self.mounted:
             try:
@@ -1095,9 +1124,7 @@ class _World:
         os.chroot(self.root)
         os.chdir(cwd)
         self.calls.set_command_line()
-        if self.filtered:
-            self.calls.install_filter()
-        self.calls.reduce_capabilities()
+        self.calls.reduce_capabilities()  # (the seccomp filter is the world's: see __init__)
 
     # The relay is PID 1 of the run's namespace: the run's orphans come to it, and each one that
     # dies must be reaped at once (a zombie still counts against pids.max, and the server answers

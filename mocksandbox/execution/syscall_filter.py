@@ -7,10 +7,16 @@ and the kernel's least-tested code), kernel modules, BPF, ``perf_event_open``, `
 clock, swap, reboot. The same list is refused here, with ``EPERM`` as there (``clone3`` with
 ``ENOSYS``, as there, so that C libraries fall back to ``clone``, whose flags a filter can read).
 
+Mounts (``mount``, ``umount2``) are left to the kernel's own check, as Docker's profile leaves them:
+it allows them to a container that holds ``CAP_SYS_ADMIN`` and refuses them to one that does not. A
+run never holds it (nor can it: its bounding set is Docker's default capabilities), so the kernel
+refuses them with ``EPERM``; the relay, which mounts each run's root, holds it in the runs' user
+namespace.
+
 The filter is compiled here, with libseccomp (through ``pyseccomp``, a ctypes binding to the host's
 ``libseccomp.so.2``), into a classic BPF program; the launcher, which runs under the user's
-interpreter and imports only the standard library, installs those bytes in each program before it
-starts (``forkserver._Syscalls.install_filter``).
+interpreter and imports only the standard library, installs those bytes once in each world's relay
+(``forkserver._World``), whose programs inherit it at their fork.
 """
 
 from __future__ import annotations
@@ -25,10 +31,8 @@ DENIED_SYSCALLS = (
     "add_key",
     "request_key",
     "keyctl",
-    # mounts and namespaces
-    "mount",
+    # mounts and namespaces (``mount`` and ``umount2``: see above)
     "umount",
-    "umount2",
     "pivot_root",
     "unshare",
     "setns",

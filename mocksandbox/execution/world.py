@@ -521,7 +521,7 @@ class HostWorkspace:
         with open(view_path, "rb") as handle:
             return handle.read()
 
-    def next_command(self) -> dict[str, Any] | None:
+    def next_command(self, last: bool = False) -> dict[str, Any] | None:
         return None
 
     def close(self, code_path: str | None) -> None:
@@ -728,9 +728,10 @@ class LayeredWorkspace:
 
     # -- the commands ----------------------------------------------------------------------------
 
-    def next_command(self) -> dict[str, Any]:
+    def next_command(self, last: bool = False) -> dict[str, Any]:
         """The layers of the request's next command (sent to the relay): a new upper layer over
-        the ones the earlier commands wrote."""
+        the ones the earlier commands wrote. ``last``: no command of this request comes after it
+        (the relay may then unmount its root once it has said that the run is over)."""
         if self._commands:
             self._add_layer()
         self._commands += 1
@@ -740,6 +741,7 @@ class LayeredWorkspace:
             "upper": relay(upper),
             "work": relay(os.path.join(os.path.dirname(upper), "w")),
             "lowers": [relay(layer) for layer in reversed(self._layers[:-1])],
+            "last": last,
         }
 
     def close(self, code_path: str | None = None) -> None:
