@@ -197,6 +197,87 @@ class _ThreadStackDefault:
                 attr_destroy(attr)
 
 
+class _RecursionDepth:
+    """Where a forked program's recursion starts: at its ``<module>``, as in a fresh ``python <file>``.
+
+    A forked program runs below the launcher's own frames (its loop, the relay's, the start of the
+    run: eight on CPython 3.10), and the interpreter counts them against the recursion limit: a
+    program that recursed 998 deep under SandboxFusion got a RecursionError here, and the one that
+    hit the limit printed ``[Previous line repeated 988 more times]`` where SandboxFusion's printed
+    996. The count is a field of the thread state (``recursion_depth`` on 3.10, counting up;
+    ``recursion_remaining`` and ``py_recursion_remaining`` after it, counting down), with no API to
+    set it: ctypes finds it once, here in the launcher, as the one int of the thread state that a
+    call moves by one, and measures what ``exec`` adds. While the program runs, the count is shifted
+    by the depth of the launcher's frames, and put back after; ``sys.getrecursionlimit()`` and the
+    limit itself stay the program's. Where the field cannot be found (no ctypes, another layout)
+    nothing is shifted, as before.
+    """
+
+    def __init__(self) -> None:
+        self.field = None
+        self.exec_adds = 0
+        self.at_module = 0
+        if ctypes is None:
+            return
+        try:
+            get_state = ctypes.pythonapi.PyThreadState_Get
+            get_state.restype = ctypes.c_void_p
+            state = get_state()
+            ints = [ctypes.c_int.from_address(state + offset) for offset in range(16, 64, 4)]
+        except (AttributeError, OSError, TypeError, ValueError):
+            return
+        # The field moves by one per call, and by two per two calls.
+        here = [field.value for field in ints]
+        one = _values_one_call_down(ints)
+        two = _values_two_calls_down(ints)
+        moving = [
+            field
+            for field, a, b, c in zip(ints, here, one, two, strict=True)
+            if b - a in (1, -1) and c - a == 2 * (b - a)
+        ]
+        if len(moving) == 1:
+            self.field = moving[0]
+
+    def read(self) -> int:
+        """The count, as a call of this method sees it (0 where it was not found)."""
+        return self.field.value if self.field is not None else 0
+
+    def measure(self, at_module: int) -> None:
+        """``at_module``: :meth:`read` called at the launcher's module level, the depth of a fresh
+        ``python <file>``'s ``<module>``: what a program's must see. Measures here what ``exec``
+        adds, called as ``_run_main`` calls it."""
+        if self.field is None:
+            return
+        self.at_module = at_module
+        seen = []
+        code = compile("seen.append(depth.read())", "<mocksandbox-depth>", "exec", dont_inherit=True)
+        before = self.read()
+        exec(code, {"seen": seen, "depth": self})
+        self.exec_adds = seen[0] - before
+
+    def shift_for_program(self, before: int) -> int:
+        """Shift the count so that the ``<module>`` that ``exec`` runs next sees ``at_module``;
+        ``before`` is :meth:`read` called from the frame that calls ``exec``. The shift, for
+        :meth:`unshift`."""
+        if self.field is None:
+            return 0
+        shift = self.at_module - self.exec_adds - before
+        self.field.value += shift
+        return shift
+
+    def unshift(self, shift: int) -> None:
+        if shift:
+            self.field.value -= shift
+
+
+def _values_one_call_down(ints: list) -> list:
+    return [field.value for field in ints]
+
+
+def _values_two_calls_down(ints: list) -> list:
+    return _values_one_call_down(ints)
+
+
 def _install_stdio(fds: list) -> None:
     for target, fd in enumerate(fds):
         if fd != target:
@@ -1299,7 +1380,13 @@ def _run_main(path: str, main: object) -> int:
     try:
         source = _read_file(path)
         compiled = compile(source, path, "exec", dont_inherit=True)
-        exec(compiled, main.__dict__)
+        depth = _RECURSION
+        shift = depth.shift_for_program(depth.read()) if depth is not None else 0
+        try:
+            exec(compiled, main.__dict__)
+        finally:
+            if depth is not None:
+                depth.unshift(shift)
     except SystemExit as exc:
         code = _system_exit_code(exc)
     except BaseException as exc:
@@ -1574,12 +1661,16 @@ def _fork_relay(own_pid_namespace: "int | _RunUsers | None") -> int:
 #: The libc calls, bound once in the launcher where ctypes is (worlds need them; warm Python
 #: programs use them for their command line).
 _SYSCALLS: "_Syscalls | None" = None
+#: The interpreter's recursion count, which forked programs start at a fresh one's (see the class).
+_RECURSION: "_RecursionDepth | None" = None
 
 
 if __name__ == "__main__":
     _open_missing_std_fds()
     if ctypes is not None:
         _SYSCALLS = _Syscalls()
+    _RECURSION = _RecursionDepth()
+    _RECURSION.measure(_RECURSION.read())  # read here, at module level: see measure()
     for option in sys.argv[2:]:
         if option.startswith("--cpus="):
             _PROGRAM_CPUS = {int(cpu) for cpu in option.removeprefix("--cpus=").split(",")}

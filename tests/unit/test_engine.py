@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -432,6 +433,49 @@ def test_real_bash_layout(real_engine: ExecutionEngine) -> None:
     assert Path(script).parent == Path(cwd)
     assert Path(script).name == listing
     assert re.fullmatch(r"tmp[a-z0-9_]{8}\.sh", listing)
+
+
+RECURSION_PROGRAM = """import sys, threading
+depth = 0
+def down():
+    global depth
+    depth += 1
+    down()
+def deepest():
+    global depth
+    depth = 0
+    try:
+        down()
+    except RecursionError:
+        return depth
+print(deepest(), sys.getrecursionlimit())
+found = []
+thread = threading.Thread(target=lambda: found.append(deepest()))
+thread.start(); thread.join()
+sys.setrecursionlimit(60)
+print(found[0], deepest())
+def f(n):
+    return f(n + 1)
+f(0)
+"""
+
+
+def test_a_program_recurses_as_deep_as_in_a_fresh_python(real_engine: ExecutionEngine, tmp_path: Path) -> None:
+    """The warm path's program runs below the launcher's frames; it still reaches the depth, and
+    prints the RecursionError traceback, of ``python <file>`` on the same interpreter (SandboxFusion
+    469de08 with CPython 3.10: ``[Previous line repeated 996 more times]``; the fork path said 988)."""
+    response = real_engine.run_code(request(code=RECURSION_PROGRAM, language="python"))
+    assert response.run_result is not None
+    script = tmp_path / "recursion.py"
+    script.write_text(RECURSION_PROGRAM)
+    fresh = subprocess.run(
+        [real_engine.settings.python, str(script)], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert fresh.stdout.splitlines()[0].split()[1] == "1000"  # the default limit: the numbers below are its
+    assert response.run_result.stdout == fresh.stdout
+    repeated = re.compile(r"\[Previous line repeated \d+ more times\]")
+    assert repeated.findall(response.run_result.stderr or "") == repeated.findall(fresh.stderr)
+    assert response.run_result.return_code == fresh.returncode == 1
 
 
 class _UnusableConfinement:
