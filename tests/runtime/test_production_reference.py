@@ -8,8 +8,8 @@ and tensorflow) to programs that tell 3.10 from 3.11 and later: tracebacks (3.11
 expression with ``~~^~~``), ``tomllib``, ``except*``, ``typing.Self``, ``math.cbrt``,
 ``enum.StrEnum``, ``datetime.UTC``, ``asyncio.TaskGroup``, ``sys.version_info``, SyntaxError
 messages, and programs both answer alike (``fixtures/cassettes/send_runtime_cases.py``). The mock,
-its user Python on a CPython 3.10 (the runtime ``make serve``'s step installs, else a bare venv of
-one this machine has, for the programs that import nothing outside the standard library), must
+its user Python on a CPython 3.10 (the runtime ``make serve``'s step installs, else a venv of one
+this machine has, with SandboxFusion's pins of the three packages the cases import), must
 answer each with the same status, return code, stdout and stderr; the temp paths (the run's
 directory and file names) are the only difference.
 
@@ -35,6 +35,7 @@ from mocksandbox import divergence
 from mocksandbox.core import MockSandbox
 from mocksandbox.models import RunCodeRequest
 from mocksandbox.recording.cassette import read_cassette
+from mocksandbox.runtime.catalog import PYTHON_REQUIREMENTS
 from mocksandbox.runtime.interpreters import find_python
 from mocksandbox.runtime.production import interpreter_version
 from mocksandbox.settings import load_settings
@@ -67,6 +68,10 @@ def _recorded() -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
 CASES = _recorded()
 #: What a bare CPython 3.10 lacks: these cases need the runtime's packages.
 NEEDS_PACKAGES = ("success_numpy", "success_pandas", "pytest_failing_subscript")
+#: The packages they import, pinned as production pins them.
+PACKAGES = tuple(line for line in PYTHON_REQUIREMENTS if line.split("==")[0] in ("numpy", "pandas", "pytest"))
+#: One worker builds the venv and replays every case (``make test`` distributes by group).
+pytestmark = pytest.mark.xdist_group("production-reference")
 
 #: A run's directory (``/tmp/tmpab12cd34``, under any temp root) and its files (``tmpab12cd34.py``).
 _RUN_DIR = re.compile(r"(?:/[^\s\"':]+)?/tmp[a-z0-9_]{8}\b")
@@ -95,13 +100,14 @@ def test_the_recording_holds_every_case_once_and_what_3_10_answers() -> None:
 
 
 @pytest.fixture(scope="module")
-def python_310(tmp_path_factory: pytest.TempPathFactory, require_or_skip: RequireOrSkip) -> tuple[str, bool]:
-    """User Python on a CPython 3.10: the runtime's (``make serve``'s step), with its packages,
-    else a bare venv of one found here; and whether it is the runtime's."""
+def python_310(tmp_path_factory: pytest.TempPathFactory, require_or_skip: RequireOrSkip) -> tuple[str, str]:
+    """User Python on a CPython 3.10: the runtime's (``make serve``'s step), else a venv of one
+    found here with :data:`PACKAGES` from the package index (about 20 s); and why the packages
+    are missing, or ``""``."""
     runtime_python = load_settings().python
     version = interpreter_version(runtime_python)
     if version is not None and version[:2] == (3, 10):
-        return runtime_python, True
+        return runtime_python, ""
     found = find_python("3.10").found
     require_or_skip(
         None
@@ -111,13 +117,21 @@ def python_310(tmp_path_factory: pytest.TempPathFactory, require_or_skip: Requir
     )
     assert found is not None
     venv = tmp_path_factory.mktemp("py310") / "venv"
-    subprocess.run([found.path, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    return str(venv / "bin" / "python"), False
+    subprocess.run([found.path, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    installed = subprocess.run(
+        [python, "-m", "pip", "install", "--disable-pip-version-check", "--quiet", "--timeout", "30", *PACKAGES],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    if installed.returncode != 0:
+        last = (installed.stderr.strip().splitlines() or ["no output"])[-1]
+        return python, f"pip install {' '.join(PACKAGES)} failed here ({last})"
+    return python, ""
 
 
 @pytest.fixture(scope="module", params=["fork", "spawn"])
 def sandbox(
-    request: pytest.FixtureRequest, python_310: tuple[str, bool], tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest, python_310: tuple[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[MockSandbox]:
     settings = load_settings(
         overrides={
@@ -137,16 +151,12 @@ def sandbox(
 def test_answers_as_sandboxfusion_on_3_10(
     case: tuple[str, dict[str, Any], dict[str, Any]],
     sandbox: MockSandbox,
-    python_310: tuple[str, bool],
+    python_310: tuple[str, str],
     require_or_skip: RequireOrSkip,
 ) -> None:
     name, body, recorded = case
     if name in NEEDS_PACKAGES:
-        require_or_skip(
-            None
-            if python_310[1]
-            else f"{name} imports the runtime's packages: `mocksandbox runtime install --languages python`"
-        )
+        require_or_skip(f"{name} imports numpy, pandas or pytest: {python_310[1]}" if python_310[1] else None)
     with divergence.collecting() as notes:
         answer = sandbox.engine.run_code(RunCodeRequest.model_validate(body))
     result, expected = answer.run_result, recorded["run_result"]
