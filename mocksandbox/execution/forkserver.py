@@ -351,7 +351,7 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
     try:
         _write_all(status_fd, _STATUS_PID + pid.to_bytes(8, "little"))
         status = _WORLD.wait_for_program(pid, sock) if world is not None else _wait_for(pid)
-        if world is not None:
+        if world is not None and _WORLD.anything_left():
             # Nothing the program started outlives it (as its cgroup's kill would see to, where
             # there is one): this relay is PID 1 of the run's namespace, -1 is all the rest of it.
             try:
@@ -361,13 +361,13 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
             # Once they are gone, the run's files change no more: the server, told the run is
             # over when the status pipe closes, reads them and removes them at once.
             _WORLD.reap(until_gone=True)
-            # Its root is unmounted after that, off the answer's path, where nothing needs it
-            # sooner: a later command of the request stacks its layer over this one's (which must
-            # not be an upper layer then), and the space the run's files took on the runs' tmpfs
-            # comes back only when they are unmounted (a run that filled it must not cost the
-            # next request an ENOSPC).
-            if not (world.get("last") and _WORLD.space_to_spare(world["upper"])):
-                _WORLD.unmount_run()
+        # The run's root is unmounted once the answer is on its way, where nothing needs it
+        # sooner: a later command of the request stacks its layer over this one's (which must not
+        # be an upper layer then), and the space the run's files took on the runs' tmpfs comes
+        # back only when they are unmounted (a run that filled it must not cost the next request
+        # an ENOSPC).
+        if world is not None and not (world.get("last") and _WORLD.space_to_spare(world["upper"])):
+            _WORLD.unmount_run()
         _write_all(status_fd, _STATUS_EXIT + status.to_bytes(8, "little", signed=True))
     except OSError:
         pass  # the server gave up on this run (it closed its end): nobody to tell
@@ -1237,6 +1237,18 @@ class _World:
                     return status
         finally:
             _fcntl.fcntl(fd, _fcntl.F_SETFL, _fcntl.fcntl(fd, _fcntl.F_GETFL) & ~os.O_ASYNC)
+
+    @staticmethod
+    def anything_left() -> bool:
+        """Whether any process of the run's namespace is left (reaping one that died): every
+        process of a PID namespace descends from its PID 1, this relay, and an orphan comes to it,
+        so none is left once the relay has no child. (Cheaper than ``kill(-1)``, which looks at
+        every process of the host.)"""
+        try:
+            os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        return True
 
     @staticmethod
     def reap(until_gone: bool = False) -> None:
