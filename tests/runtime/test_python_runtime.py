@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -30,6 +30,7 @@ from mocksandbox.runtime.production import (
     PURE_PYTHON_SPEED,
     SPEED_KERNELS,
     PythonRuntime,
+    Slowdown,
     missing_production_modules,
     normalise,
     production_slowdown,
@@ -39,6 +40,8 @@ from mocksandbox.runtime.production import (
 )
 from mocksandbox.settings import Settings, load_settings
 
+#: The suite's ``require_or_skip`` fixture (tests/conftest.py).
+RequireOrSkip = Callable[[str | None], None]
 HERE = f"{sys.version_info[0]}.{sys.version_info[1]}"
 #: A CPython 3.10 of this machine (pyenv here), or None: the tests that need one skip without it.
 PYTHON_310 = find_python("3.10").found
@@ -389,3 +392,63 @@ def test_the_measured_speeds() -> None:
         back = production_slowdown((3, 10), faster)
         assert back is not None and back.typical == pytest.approx(1 / slowdown.typical)
         assert back.high == pytest.approx(1 / slowdown.low)
+
+
+def faster_than_310() -> tuple[str, Slowdown] | None:
+    """An interpreter of this machine faster than 3.10 on Python code (3.11, 3.12, 3.13), with how
+    much longer 3.10 takes."""
+    for version in ("3.11", "3.12", "3.13"):
+        found = find_python(version).found
+        slowdown = production_slowdown(parse_minor(version), (3, 10))
+        if found is not None and slowdown is not None:
+            return found.path, slowdown
+    return None
+
+
+def run_timed(box: MockSandbox, code: str, run_timeout: float) -> tuple[RunCodeResponse, list[str]]:
+    with divergence.collecting() as notes:
+        response = box.engine.run_code(RunCodeRequest(code=code, language="python", run_timeout=run_timeout))
+    return response, [note for note in notes if "run_timeout" in note]
+
+
+def test_a_run_close_to_its_limit_on_a_faster_interpreter_gets_a_note(
+    tmp_path: Path, require_or_skip: RequireOrSkip
+) -> None:
+    found = faster_than_310()
+    require_or_skip(None if found else "no CPython 3.11, 3.12 or 3.13 here (pyenv install 3.11)")
+    assert found is not None
+    python, slowdown = found
+    # Sleeping is no Python work, but the note cannot tell: execution_time >= the sleep, and the
+    # sleep times production's worst slowdown passes run_timeout, while 0.6 s are left to finish.
+    run_timeout = 2.0
+    sleep = min(1.1 * run_timeout / slowdown.high, run_timeout - 0.6)
+    assert sleep * slowdown.high >= run_timeout
+    box = sandbox_on(tmp_path, python, "3.10")
+    try:
+        near, near_notes = run_timed(
+            box, f"import time\ntime.sleep({sleep:.3f})\nprint('done')\n", run_timeout
+        )
+        far, far_notes = run_timed(box, "print('done')\n", run_timeout)
+    finally:
+        box.close()
+    assert near.status == "Success" and near.run_result is not None and near.run_result.stdout == "done\n"
+    (note,) = near_notes
+    assert note.startswith(f"runtime: the run finished in {near.run_result.execution_time:.2f} s of its ")
+    assert "production's CPython 3.10 takes" in note and note.endswith("answer TimeLimitExceeded")
+    assert far.status == "Success" and far_notes == []
+
+
+def test_a_timeout_on_an_interpreter_slower_than_production_gets_a_note(
+    tmp_path: Path, python_310_venv: str
+) -> None:
+    # Production on 3.11, user Python here on 3.10: production runs Python code faster.
+    box = sandbox_on(tmp_path, python_310_venv, "3.11")
+    try:
+        response, notes = run_timed(box, "while True:\n    pass\n", 1.0)
+    finally:
+        box.close()
+    assert response.status == "Failed" and response.run_result is not None  # SandboxFusion's status
+    assert response.run_result.status == "TimeLimitExceeded"
+    (note,) = notes
+    assert note.startswith("runtime: the run reached its run_timeout of 1 s on CPython 3.10; ")
+    assert note.endswith("production could answer Finished")
