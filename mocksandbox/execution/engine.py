@@ -275,6 +275,7 @@ class ExecutionEngine:
             self._note_missing_toolchain(spec, compile_result or run_result)
             if spec.python_env and run_result is not None:
                 self.python_runtime.note_outputs((run_result.stderr, run_result.stdout))
+                self.python_runtime.note_time(run_result, request.run_timeout)
             return compile_result, run_result, fetch_files(workspace, request.fetch_files)
         finally:
             workspace.close(code_path)

@@ -9,12 +9,16 @@ match, the answer carries a note (DESIGN seam 9), never a changed body:
 * every answer produced by Python of another minor version (tracebacks, syntax and the standard
   library differ: 3.11's ``~~^~~`` markers, ``tomllib``, ``except*``, ``typing.Self``, ...);
 * every answer whose program failed to import a module that production's runtime has
-  (``data/sandboxfusion-modules.txt``: the import names of its packages and of what they pull in).
+  (``data/sandboxfusion-modules.txt``: the import names of its packages and of what they pull in);
+* a run of another minor version that finished close enough to its ``run_timeout`` to have been
+  ``TimeLimitExceeded`` on production's slower interpreter, or that timed out here on an interpreter
+  slower than production's (:data:`PURE_PYTHON_SPEED`, measured).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import re
 import subprocess
 import threading
@@ -24,6 +28,7 @@ from importlib import resources
 from pathlib import Path
 
 from mocksandbox import divergence
+from mocksandbox.models import CommandRunResult, CommandRunStatus
 from mocksandbox.runtime.interpreters import parse_minor
 from mocksandbox.runtime.layout import RuntimeDir, venv_version
 
@@ -109,6 +114,126 @@ def version_note(here: tuple[int, int, int] | None, python: str, production: str
         "typing.Self and the ~~^~~ markers under tracebacks): `mocksandbox runtime install "
         f"--languages python` builds the runtime on a {production} (--python-interpreter names one)"
     )
+
+
+#: The kernels of ``benchmarks/bench_python_versions.py``, in the order of :data:`PURE_PYTHON_SPEED`.
+SPEED_KERNELS = (
+    "arith",
+    "primes",
+    "floats",
+    "dicts",
+    "recursion",
+    "strings",
+    "dynamic",
+    "objects",
+    "pipeline",
+)
+
+#: How fast each minor version runs pure-Python code of the kind reward code runs, against CPython
+#: 3.10: per kernel of :data:`SPEED_KERNELS`, the time it takes on 3.10 divided by the time it takes
+#: on that version (above 1: that version is faster than 3.10). Measured with pyenv's 3.8.18, 3.9.18,
+#: 3.10.13, 3.11.7, 3.12.1 and 3.13.0 on a shared 2-core x86-64 machine (Intel Xeon, 2.1 GHz) by
+#: ``python benchmarks/bench_python_versions.py --rounds 9``: CPU time, each kernel's fastest call of
+#: 9 rounds (a fresh process per round and interpreter, 3 calls after a warm-up); its table "from the
+#: fastest round". Between two runs of the benchmark the geometric mean of a version's medians
+#: moved by up to 18 % (others' work on the machine), that of its fastest calls by 5 %. docs/runtimes.md
+#: has the table. A version not here gets no time note.
+PURE_PYTHON_SPEED: Mapping[tuple[int, int], tuple[float, ...]] = {
+    (3, 8): (1.02, 1.12, 1.09, 1.01, 0.96, 0.84, 0.89, 0.86, 0.86),
+    (3, 9): (1.03, 1.08, 0.94, 1.00, 0.96, 0.83, 0.98, 0.84, 0.91),
+    (3, 10): (1.0,) * len(SPEED_KERNELS),
+    (3, 11): (1.75, 1.50, 1.59, 1.09, 1.87, 1.28, 1.37, 1.30, 1.13),
+    (3, 12): (1.33, 1.35, 1.78, 0.97, 1.75, 0.94, 0.97, 0.98, 1.03),
+    # dynamic (an LCS table): 3.13 calls the builtin max() much faster (vectorcall).
+    (3, 13): (1.28, 1.33, 1.65, 1.00, 1.85, 1.25, 2.49, 1.05, 1.06),
+}
+#: How far apart two runs of the benchmark put one kernel's figure (up to 14 %; 23 % for one, 3.11's
+#: pipeline; 5 % for the geometric mean): differences within it are no grounds for a note. So a
+#: finished run is noted only where production is slower than this interpreter by more than this on
+#: some kernel, and a timed-out one only where production is faster by more than this on typical
+#: code (most runs that time out never end: a note on each of them for a few per cent would be
+#: noise). 3.8 and 3.9 are within it of 3.10: no time notes between them.
+SPEED_NOISE = 0.15
+
+
+@dataclass(frozen=True)
+class Slowdown:
+    """The time pure-Python work takes on production's interpreter relative to its time on this
+    one, over the measured kernels (above 1: production is slower)."""
+
+    #: The geometric mean over the kernels.
+    typical: float
+    #: The kernel on which production does best against this one, and the one on which it does worst.
+    low: float
+    high: float
+
+
+def production_slowdown(here: tuple[int, int], production: tuple[int, int]) -> Slowdown | None:
+    """How much longer pure-Python work takes on ``production``'s minor version than on ``here``'s
+    (from :data:`PURE_PYTHON_SPEED`); ``None`` where either was not measured."""
+    speed_here, speed_production = PURE_PYTHON_SPEED.get(here), PURE_PYTHON_SPEED.get(production)
+    if not speed_here or not speed_production:
+        return None
+    ratios = [a / b for a, b in zip(speed_here, speed_production, strict=True)]
+    typical = math.exp(sum(map(math.log, ratios)) / len(ratios))
+    return Slowdown(typical, min(ratios), max(ratios))
+
+
+def _version(minor: tuple[int, int]) -> str:
+    return f"{minor[0]}.{minor[1]}"
+
+
+def time_limit_note(
+    here: tuple[int, int],
+    production: tuple[int, int],
+    status: str,
+    execution_time: float | None,
+    run_timeout: float,
+) -> str | None:
+    """The note of a run that took ``execution_time`` on CPython ``here`` and ended with ``status``
+    (``Finished`` or ``TimeLimitExceeded``), which production's CPython would likely or possibly
+    have ended the other way, or ``None``.
+
+    A finished run is noted where its time, scaled to production's speed on the kernel on which
+    production does worst against this version, reaches ``run_timeout``: it *could* have timed out
+    there; *likely* where the typical (geometric mean) scaling already reaches it. A timed-out run is
+    noted where production is faster than this version on typical code: it could have finished
+    there. Differences within :data:`SPEED_NOISE` count for nothing. On production's own minor
+    version nothing is said: how fast this machine is against production's is not known."""
+    if here == production or execution_time is None or run_timeout <= 0:
+        return None
+    slowdown = production_slowdown(here, production)
+    if slowdown is None:
+        return None
+    scope = (
+        "if its time went to Python code (sleeping, I/O and compiled libraries such as numpy do not scale so)"
+    )
+    speeds = (
+        f"production's CPython {_version(production)} takes {slowdown.typical:.2f}x the time of "
+        f"{_version(here)} on typical pure-Python code ({slowdown.low:.2f}-{slowdown.high:.2f}x on the "
+        "workloads measured)"
+    )
+    if status == CommandRunStatus.Finished:
+        worst = execution_time * slowdown.high
+        if slowdown.high <= 1 + SPEED_NOISE or worst < run_timeout:
+            return None
+        typical = execution_time * slowdown.typical
+        verdict = "would likely" if typical >= run_timeout else "could"
+        return (
+            f"the run finished in {execution_time:.2f} s of its run_timeout of {run_timeout:g} s on "
+            f"CPython {_version(here)}; {speeds}, so it would take about {typical:.2f} s there (up to "
+            f"{worst:.2f} s) {scope}: production {verdict} answer TimeLimitExceeded"
+        )
+    if status == CommandRunStatus.TimeLimitExceeded:
+        if slowdown.typical >= 1 - SPEED_NOISE:
+            return None
+        return (
+            f"the run reached its run_timeout of {run_timeout:g} s on CPython {_version(here)}; {speeds}, "
+            f"so a program that needs less than about {run_timeout / slowdown.typical:.2f} s here (up to "
+            f"{run_timeout / slowdown.low:.2f} s, depending on the code) finishes in time there {scope}: "
+            "production could answer Finished"
+        )
+    return None
 
 
 def interpreter_version(python: str, timeout: float = 30.0) -> tuple[int, int, int] | None:
@@ -200,6 +325,18 @@ class PythonRuntime:
         for text in outputs:
             for module in missing_production_modules(text or ""):
                 divergence.note(divergence.RUNTIME, module_note(module, facts.profile))
+
+    def note_time(self, result: CommandRunResult, run_timeout: float) -> None:
+        """Note a run whose end (finished, or timed out) production's interpreter, of another speed
+        than this one's, would likely or possibly have changed."""
+        facts = self.facts()
+        if facts.version is None:
+            return
+        text = time_limit_note(
+            facts.version[:2], parse_minor(self.production), result.status, result.execution_time, run_timeout
+        )
+        if text is not None:
+            divergence.note(divergence.RUNTIME, text)
 
 
 def runtime_profile(python: str) -> str | None:

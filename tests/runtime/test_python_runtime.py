@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,20 +20,28 @@ import pytest
 from mocksandbox import divergence
 from mocksandbox.cli import main
 from mocksandbox.core import MockSandbox
-from mocksandbox.models import RunCodeRequest, RunCodeResponse
+from mocksandbox.models import CommandRunStatus, RunCodeRequest, RunCodeResponse
+from mocksandbox.runtime import production
 from mocksandbox.runtime.catalog import PYTHON_REQUIREMENTS, python_profile_requirements
 from mocksandbox.runtime.install import Host, plan_install, run_plan
 from mocksandbox.runtime.interpreters import Interpreter, find_python, parse_minor
 from mocksandbox.runtime.layout import RuntimeDir
 from mocksandbox.runtime.production import (
+    PURE_PYTHON_SPEED,
+    SPEED_KERNELS,
     PythonRuntime,
+    Slowdown,
     missing_production_modules,
     normalise,
+    production_slowdown,
     sandboxfusion_modules,
     sandboxfusion_requirements,
+    time_limit_note,
 )
 from mocksandbox.settings import Settings, load_settings
 
+#: The suite's ``require_or_skip`` fixture (tests/conftest.py).
+RequireOrSkip = Callable[[str | None], None]
 HERE = f"{sys.version_info[0]}.{sys.version_info[1]}"
 #: A CPython 3.10 of this machine (pyenv here), or None: the tests that need one skip without it.
 PYTHON_310 = find_python("3.10").found
@@ -314,3 +322,133 @@ def test_banner_and_languages_say_the_runtime_against_production(
 def test_production_python_is_a_setting() -> None:
     assert Settings().production_python == "3.10"
     assert load_settings(environ={"MOCKSANDBOX_PRODUCTION_PYTHON": "3.11.4"}).production_python == "3.11"
+
+
+# -- a run near its time limit on an interpreter faster (or slower) than production's -------------
+
+#: A made-up speed table (two kernels), so the arithmetic below is exact.
+SPEEDS = {(3, 9): (0.8, 0.8), (3, 10): (1.0, 1.0), (3, 11): (1.2, 1.8), (3, 12): (1.05, 1.05)}
+
+
+def test_time_note_says_when_production_would_likely_or_could_time_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(production, "PURE_PYTHON_SPEED", SPEEDS)
+    finished, timed_out = CommandRunStatus.Finished, CommandRunStatus.TimeLimitExceeded
+    # 3.10 takes 1.2x to 1.8x the time of 3.11 (typical: their geometric mean, 1.47x).
+    slowdown = production_slowdown((3, 11), (3, 10))
+    assert slowdown is not None and (slowdown.low, slowdown.high) == (1.2, 1.8)
+    assert slowdown.typical == pytest.approx(1.4697, abs=1e-4)
+    assert time_limit_note((3, 11), (3, 10), finished, 0.5, 1.0) is None  # 0.9 s at worst: in time
+    could = time_limit_note((3, 11), (3, 10), finished, 0.6, 1.0)  # 0.88 s typically, 1.08 s at worst
+    assert could == (
+        "the run finished in 0.60 s of its run_timeout of 1 s on CPython 3.11; production's CPython 3.10 "
+        "takes 1.47x the time of 3.11 on typical pure-Python code (1.20-1.80x on the workloads measured), "
+        "so it would take about 0.88 s there (up to 1.08 s) if its time went to Python code (sleeping, I/O "
+        "and compiled libraries such as numpy do not scale so): production could answer TimeLimitExceeded"
+    )
+    likely = time_limit_note((3, 11), (3, 10), finished, 0.7, 1.0)
+    assert likely is not None and "about 1.03 s there" in likely
+    assert likely.endswith("production would likely answer TimeLimitExceeded")
+    # Timed out here on the faster one: production would have timed out too.
+    assert time_limit_note((3, 11), (3, 10), timed_out, 1.0, 1.0) is None
+    # Production's own minor version: this machine's speed against production's is not known.
+    assert time_limit_note((3, 10), (3, 10), finished, 0.99, 1.0) is None
+    # A version not measured, a result without a time, a status neither Finished nor timed out.
+    assert time_limit_note((3, 14), (3, 10), finished, 0.99, 1.0) is None
+    assert time_limit_note((3, 11), (3, 10), finished, None, 1.0) is None
+    assert time_limit_note((3, 11), (3, 10), CommandRunStatus.Error, 0.99, 1.0) is None
+
+
+def test_time_note_of_a_timeout_on_an_interpreter_slower_than_production(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(production, "PURE_PYTHON_SPEED", SPEEDS)
+    finished, timed_out = CommandRunStatus.Finished, CommandRunStatus.TimeLimitExceeded
+    # 3.10 here, production on 3.11: production takes 1/1.8 to 1/1.2 of the time.
+    note = time_limit_note((3, 10), (3, 11), timed_out, 2.0, 2.0)
+    assert note is not None and note.startswith("the run reached its run_timeout of 2 s on CPython 3.10; ")
+    assert "takes 0.68x the time of 3.10" in note and "(0.56-0.83x on the workloads measured)" in note
+    assert (
+        "needs less than about 2.94 s here (up to 3.60 s, depending on the code) finishes in time there"
+        in note
+    )
+    assert note.endswith("production could answer Finished")
+    assert time_limit_note((3, 10), (3, 11), finished, 1.9, 2.0) is None  # faster there: in time too
+    # 3.9 here: production 1.25x as fast; 3.12 against 3.10: within the measurements' noise, nothing.
+    assert time_limit_note((3, 9), (3, 10), timed_out, 2.0, 2.0) is not None
+    assert time_limit_note((3, 9), (3, 10), finished, 1.99, 2.0) is None
+    assert time_limit_note((3, 10), (3, 12), timed_out, 2.0, 2.0) is None
+    assert time_limit_note((3, 12), (3, 10), finished, 1.99, 2.0) is None
+
+
+def test_the_measured_speeds() -> None:
+    assert set(PURE_PYTHON_SPEED) >= {(3, 10), (3, 11), (3, 12), (3, 13)}
+    assert all(len(row) == len(SPEED_KERNELS) for row in PURE_PYTHON_SPEED.values())
+    assert set(PURE_PYTHON_SPEED[(3, 10)]) == {1.0}
+    for faster in [(3, 11), (3, 12), (3, 13)]:
+        slowdown = production_slowdown(faster, (3, 10))
+        assert slowdown is not None and slowdown.typical > 1.1 and slowdown.high > 1.5
+        back = production_slowdown((3, 10), faster)
+        assert back is not None and back.typical == pytest.approx(1 / slowdown.typical)
+        assert back.high == pytest.approx(1 / slowdown.low)
+
+
+def faster_than_310() -> tuple[str, Slowdown] | None:
+    """An interpreter of this machine faster than 3.10 on Python code (3.11, 3.12, 3.13), with how
+    much longer 3.10 takes."""
+    for version in ("3.11", "3.12", "3.13"):
+        found = find_python(version).found
+        slowdown = production_slowdown(parse_minor(version), (3, 10))
+        if found is not None and slowdown is not None:
+            return found.path, slowdown
+    return None
+
+
+def run_timed(box: MockSandbox, code: str, run_timeout: float) -> tuple[RunCodeResponse, list[str]]:
+    with divergence.collecting() as notes:
+        response = box.engine.run_code(RunCodeRequest(code=code, language="python", run_timeout=run_timeout))
+    return response, [note for note in notes if "run_timeout" in note]
+
+
+def test_a_run_close_to_its_limit_on_a_faster_interpreter_gets_a_note(
+    tmp_path: Path, require_or_skip: RequireOrSkip
+) -> None:
+    found = faster_than_310()
+    require_or_skip(None if found else "no CPython 3.11, 3.12 or 3.13 here (pyenv install 3.11)")
+    assert found is not None
+    python, slowdown = found
+    # Sleeping is no Python work, but the note cannot tell: execution_time >= the sleep, and the
+    # sleep times production's worst slowdown passes run_timeout, while 0.6 s are left to finish.
+    run_timeout = 2.0
+    sleep = min(1.1 * run_timeout / slowdown.high, run_timeout - 0.6)
+    assert sleep * slowdown.high >= run_timeout
+    box = sandbox_on(tmp_path, python, "3.10")
+    try:
+        near, near_notes = run_timed(
+            box, f"import time\ntime.sleep({sleep:.3f})\nprint('done')\n", run_timeout
+        )
+        far, far_notes = run_timed(box, "print('done')\n", run_timeout)
+    finally:
+        box.close()
+    assert near.status == "Success" and near.run_result is not None and near.run_result.stdout == "done\n"
+    (note,) = near_notes
+    assert note.startswith(f"runtime: the run finished in {near.run_result.execution_time:.2f} s of its ")
+    assert "production's CPython 3.10 takes" in note and note.endswith("answer TimeLimitExceeded")
+    assert far.status == "Success" and far_notes == []
+
+
+def test_a_timeout_on_an_interpreter_slower_than_production_gets_a_note(
+    tmp_path: Path, python_310_venv: str
+) -> None:
+    # Production on 3.11, user Python here on 3.10: production runs Python code faster.
+    box = sandbox_on(tmp_path, python_310_venv, "3.11")
+    try:
+        response, notes = run_timed(box, "while True:\n    pass\n", 1.0)
+    finally:
+        box.close()
+    assert response.status == "Failed" and response.run_result is not None  # SandboxFusion's status
+    assert response.run_result.status == "TimeLimitExceeded"
+    (note,) = notes
+    assert note.startswith("runtime: the run reached its run_timeout of 1 s on CPython 3.10; ")
+    assert note.endswith("production could answer Finished")
