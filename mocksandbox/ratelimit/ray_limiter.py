@@ -415,8 +415,12 @@ def _reattach(
 
 
 def start_local_ray(num_cpus: int = 2, **options: Any) -> None:
-    """``ray.init`` for a small local instance on loopback: no dashboard, no log forwarding."""
+    """``ray.init`` for a small local instance on loopback: no dashboard, no log forwarding.
+    Always a new instance (``address="local"``): without it, ``ray.init`` joins a cluster that
+    ``ray start`` began on this machine, if there is one (another program's, or another test's),
+    and refuses the ``num_cpus`` given here."""
     settings: dict[str, Any] = {
+        "address": "local",
         "num_cpus": num_cpus,
         "include_dashboard": False,
         "log_to_driver": False,
