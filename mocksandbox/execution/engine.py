@@ -270,7 +270,7 @@ class ExecutionEngine:
                     request.run_timeout,
                     request.memory_limit_MB,
                     python_file=code_path if self._forks(spec, request) else None,
-                    world=workspace.next_command(last=True),
+                    world=workspace.next_command(last=True, keep=self._keeps_to_its_dir(spec, request)),
                 )
             self._note_missing_toolchain(spec, compile_result or run_result)
             if spec.python_env and run_result is not None:
@@ -279,6 +279,12 @@ class ExecutionEngine:
             return compile_result, run_result, fetch_files(workspace, request.fetch_files)
         finally:
             workspace.close(code_path)
+
+    @staticmethod
+    def _keeps_to_its_dir(spec: LanguageSpec, request: RunCodeRequest) -> bool:
+        """Whether the request is one command whose files (``files``, ``fetch_files``) are all in
+        the run's dir: its run may have a root kept from run to run (``LayeredWorkspace``)."""
+        return spec.setup_command is None and spec.compile_command is None and not request.fetch_files
 
     def _note_missing_toolchain(self, spec: LanguageSpec, result: CommandRunResult | None) -> None:
         """A divergence note when the program could not run for want of its toolchain here

@@ -312,6 +312,8 @@ def _relay(sock: _socket.socket, request: dict, fds: list, ran_fd: int) -> None:
             except OSError:
                 received = None
             if received is None:
+                if _WORLD is not None:
+                    _WORLD.drop_kept()  # (its upper layer is on the runs' tmpfs, which outlives us)
                 os._exit(0)  # the server closed our socket: it will send no more runs
             request, fds = received
             if request is not None:
@@ -326,7 +328,7 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
         if world is not None:
             if _WORLD is None:
                 raise OSError(95, "this launcher makes no worlds")  # EOPNOTSUPP
-            _WORLD.mount_run(world)
+            _WORLD.mount_run(world, request["cwd"])
             _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)  # this run's children: ours to wait for
         _THREAD_STACKS.prepare(request)
         if _SYSCALLS is not None:  # (an exec'ed program gets its command line from execve)
@@ -874,6 +876,10 @@ class _World:
         self.root = self.scratch + "/root"
         self.mask = self.scratch + "/mask"
         self.mounted = False
+        #: The root a run kept from run to run (see _KeptRoot), if any, and the root of the run
+        #: being made or run now (``root`` or the kept one's).
+        self.kept: _KeptRoot | None = None
+        self.current = self.root
         #: In a user namespace of the runs' own (see _RunUsers), else the host's root.
         self.users = config.get("userns") is not None
         #: Where the host's root file system is seen as the runs see it (their lowest layer): the
@@ -913,7 +919,7 @@ class _World:
         if os.path.exists("/proc/sysrq-trigger"):
             calls.mount("/dev/null", "/proc/sysrq-trigger", None, _MS_BIND)
         calls.mount("tmpfs", self.scratch, "tmpfs", _MS_NOSUID, "mode=0700,size=8m")
-        for name in ("mask", "sys", "dev", "root"):
+        for name in ("mask", "sys", "dev", "root", "kept"):
             os.mkdir(self.scratch + "/" + name, 0o755)
         if self.host:
             os.mkdir(self.host, 0o755)
@@ -1096,8 +1102,9 @@ class _World:
     def refresh_mask(self) -> None:
         """Hide what servers made in their temp roots since the last run (state dirs, control
         sockets, shared counters, kernels' connection files: ``mocksandbox-*``), and stop hiding
-        what is gone. Between runs only: a lower layer must not change while it is mounted. A
-        dir is listed again only when its mtime says that its entries changed."""
+        what is gone. Between runs only: a lower layer must not change while it is mounted (a
+        kept root, which has the mask below it, goes first). A dir is listed again only when its
+        mtime says that its entries changed."""
         for directory, prefix in self.hidden_prefixes:
             try:
                 changed = os.stat(self.host + directory).st_mtime_ns
@@ -1111,6 +1118,8 @@ class _World:
             except OSError:
                 continue
             masked = self._masked.setdefault(directory, set())
+            if names != masked:
+                self.drop_kept()
             for name in names - masked:
                 if self._mask_path(os.path.join(directory, name)):
                     masked.add(name)
@@ -1122,57 +1131,70 @@ class _World:
                     pass
                 masked.discard(name)
 
-    def mount_run(self, world: dict) -> None:
+    def mount_run(self, world: dict, cwd: "str | None" = None) -> None:
         """The run's root: its layers over the mask over the host, with /proc, /sys and /dev,
-        and the host dirs ``world["binds"]`` names (``[host dir, where the run sees it]``)."""
-        if self.mounted:  # the last run's, if its unmount failed
-            self.unmount_run()
+        and the host dirs ``world["binds"]`` names (``[host dir, where the run sees it]``). A run
+        that ``world["keep"]`` says touches nothing but its own dir ``cwd`` may have the root an
+        earlier run kept (:class:`_KeptRoot`)."""
+        if self.mounted or (self.kept is not None and self.kept.cwd is not None):
+            self.unmount_run()  # the last run's, if its unmount failed
         self.refresh_mask()
-        tops = self.tops or ()
-        for name, how in tops:
-            if how == "overlay":  # made before the root's overlay: its upper must not change under it
-                os.makedirs(world["upper"] + "/" + name, 0o755, exist_ok=True)
-                os.makedirs(world["work"] + "." + name, 0o700, exist_ok=True)
-        lowers = ":".join(
-            [*world["lowers"], self.mask, *(() if self.tops is not None else (self.host or "/",))]
-        )
-        # No redirects, no index: what the server reads back through the layers (world.py) only
-        # has whiteouts and opaque dirs to follow. (In a user namespace overlayfs keeps its marks
-        # in user.* xattrs, and "off" would still follow redirects there: "nofollow".)
-        options = f"lowerdir={lowers},upperdir={world['upper']},workdir={world['work']}"
-        options += (
-            ",userxattr,redirect_dir=nofollow,index=off" if self.users else ",redirect_dir=off,index=off"
-        )
-        self.calls.mount("overlay", self.root, "overlay", 0, options)
+        self.current = self.root
+        keep = world.get("keep")
+        if keep is not None and cwd is not None and self.tops is None and not world.get("lowers"):
+            if self.kept is not None and not self.kept.serves():
+                self.drop_kept()
+            if self.kept is None:
+                self.kept = _KeptRoot(self, keep["dir"])
+            self.kept.take(cwd, keep["cwd_host"])
+            self.current = self.kept.root
+            return
+        self._mount_overlay(self.root, world["lowers"], world["upper"], world["work"], world)
         self.mounted = True
-        for name, how in tops:
-            self._mount_top(name, how, world)
-        for path in self.shown:
-            self.calls.mount(path, self.root + path, None, _MS_BIND | _MS_REC)
-            self.calls.mount(None, self.root + path, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY)
-        self.calls.mount("/proc", self.root + "/proc", None, _MS_BIND | _MS_REC)
-        self.calls.mount(self.scratch + "/sys", self.root + "/sys", None, _MS_BIND | _MS_REC)
-        self.calls.mount(self.scratch + "/dev", self.root + "/dev", None, _MS_BIND | _MS_REC)
-        # Docker's /dev/shm: a tmpfs of the run's own, 64 MiB.
-        self.calls.mount(
-            "tmpfs", self.root + "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777,size=64m"
-        )
         # Host dirs the run works in, in place (a swedev session's /workspace and /tmp): their
         # mount points are made in the run's upper layer.
         for source, target in world.get("binds", ()):
             os.makedirs(self.root + target, 0o755, exist_ok=True)
             self.calls.mount(source, self.root + target, None, _MS_BIND)
 
-    def _mount_top(self, name: str, how: str, world: dict) -> None:
+    def _mount_overlay(self, root: str, layers: list, upper: str, work: str, world: dict) -> None:
+        """An overlay at ``root``: ``upper`` over ``layers``, the mask and the host, with the host's
+        top dirs (where they are layers of their own), /proc, /sys, /dev and a fresh /dev/shm."""
+        tops = self.tops or ()
+        for name, how in tops:
+            if how == "overlay":  # made before the root's overlay: its upper must not change under it
+                os.makedirs(upper + "/" + name, 0o755, exist_ok=True)
+                os.makedirs(work + "." + name, 0o700, exist_ok=True)
+        lowers = ":".join([*layers, self.mask, *(() if self.tops is not None else (self.host or "/",))])
+        # No redirects, no index: what the server reads back through the layers (world.py) only
+        # has whiteouts and opaque dirs to follow. (In a user namespace overlayfs keeps its marks
+        # in user.* xattrs, and "off" would still follow redirects there: "nofollow".)
+        options = f"lowerdir={lowers},upperdir={upper},workdir={work}"
+        options += (
+            ",userxattr,redirect_dir=nofollow,index=off" if self.users else ",redirect_dir=off,index=off"
+        )
+        self.calls.mount("overlay", root, "overlay", 0, options)
+        for name, how in tops:
+            self._mount_top(root, name, how, world)
+        for path in self.shown:
+            self.calls.mount(path, root + path, None, _MS_BIND | _MS_REC)
+            self.calls.mount(None, root + path, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY)
+        self.calls.mount("/proc", root + "/proc", None, _MS_BIND | _MS_REC)
+        self.calls.mount(self.scratch + "/sys", root + "/sys", None, _MS_BIND | _MS_REC)
+        self.calls.mount(self.scratch + "/dev", root + "/dev", None, _MS_BIND | _MS_REC)
+        # Docker's /dev/shm: a tmpfs of the run's own, 64 MiB.
+        self.calls.mount("tmpfs", root + "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777,size=64m")
+
+    def _mount_top(self, root: str, name: str, how: str, world: dict) -> None:
         """The host's top dir ``name`` in the run's root: its own overlay (its upper and lowers the
         run's layers' dirs of that name, so that the server reads them as ever), or read-only."""
-        target = self.root + "/" + name
+        target = root + "/" + name
         if how == "bind":
             self.calls.mount("/" + name, target, None, _MS_BIND | _MS_REC)
             self.calls.mount(None, target, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY)
             for hidden in self.hidden:  # no mask below a bind: the mask's empty ones bound over them
                 if hidden.startswith("/" + name + "/") and os.path.lexists(self.mask + hidden):
-                    self.calls.mount(self.mask + hidden, self.root + hidden, None, _MS_BIND)
+                    self.calls.mount(self.mask + hidden, root + hidden, None, _MS_BIND)
             return
         below = [layer + "/" + name for layer in world["lowers"]]
         below += [self.mask + "/" + name, "/" + name]
@@ -1192,6 +1214,10 @@ class _World:
         return sizes.f_bavail * 2 > sizes.f_blocks
 
     def unmount_run(self) -> None:
+        """The run's root taken down: unmounted, or (a kept one) its run's dir taken out of it,
+        and the root itself dropped unless it is as the first run found it."""
+        if self.kept is not None and self.kept.cwd is not None and not self.kept.give_back():
+            self.drop_kept()
         if self.mounted:
             try:
                 self.calls.umount(self.root)
@@ -1199,10 +1225,16 @@ class _World:
                 pass
             self.mounted = False
 
+    def drop_kept(self) -> None:
+        """Unmount the kept root, if any, and remove its upper layer."""
+        kept, self.kept = self.kept, None
+        if kept is not None:
+            kept.drop()
+
     def enter(self, cwd: str) -> None:
         """In the forked program: into the run's root, with the kept capabilities only."""
         _signal.signal(_signal.SIGIO, _signal.SIG_DFL)  # the relay's, not the program's
-        os.chroot(self.root)
+        os.chroot(self.current)
         os.chdir(cwd)
         self.calls.set_command_line()
         self.calls.reduce_capabilities()  # (the seccomp filter is the world's: see __init__)
@@ -1264,6 +1296,130 @@ class _World:
                 return
             except InterruptedError:
                 continue
+
+
+class _KeptRoot:
+    """A relay's root kept from run to run, for the runs that touch nothing but their own dir.
+
+    Mounting a new overlay for each run (and tearing it down) is most of what a world costs its
+    relay. A run that only reads the image and writes in its own dir (most of a reward pipeline's:
+    a program and its tests, no ``fetch_files``, no files put outside its dir; the server says
+    which in ``world["keep"]``) leaves its root as it found it. So the relay keeps such a root: an
+    overlay with an upper layer of its own (``<runs root>/kept-*``) over the mask and the host, and
+    each run's dir, which the server made in the request's layer as ever, bound into it at the
+    run's path. After the run, the dir is unbound and its mount point removed, and the root is
+    kept only if its upper layer holds exactly what it held before the run (the dirs on the way to
+    the runs' dirs, with their modes, owners and extended attributes, and nothing else) and its
+    /dev/shm is empty and unchanged: anything a run wrote, deleted or changed outside its dir
+    shows there, and the root then goes, as a run's root always went before. A kept root serves
+    at most :data:`MAX_AGE_S` (a lower layer, the host, may change under it: its new files are
+    then seen within that time) and :data:`MAX_RUNS` runs.
+    """
+
+    MAX_AGE_S = 1.0
+    MAX_RUNS = 1000
+
+    def __init__(self, world: "_World", runs_dir: str) -> None:
+        self.world = world
+        self.base = f"{runs_dir}/kept-{os.urandom(6).hex()}"
+        os.mkdir(self.base, 0o700)
+        os.mkdir(self.base + "/u", 0o755)
+        os.mkdir(self.base + "/w", 0o700)
+        self.upper = self.base + "/u"
+        self.root = world.scratch + "/kept"
+        try:
+            world._mount_overlay(self.root, [], self.upper, self.base + "/w", {})
+        except OSError:
+            _remove_tree(self.base)
+            raise
+        self.born = time.monotonic()
+        self.runs = 0
+        #: What the upper layer held after the first run's dir was made and removed.
+        self.state: tuple | None = None
+        #: The current run's dir (its path in the run's view), while it is bound here.
+        self.cwd: str | None = None
+
+    def serves(self) -> bool:
+        """Whether it may serve another run (young enough, not too many runs yet)."""
+        return self.runs < self.MAX_RUNS and time.monotonic() - self.born < self.MAX_AGE_S
+
+    def take(self, cwd: str, cwd_host: str) -> None:
+        """Bind the run's dir ``cwd_host`` (on the runs' tmpfs) at ``cwd`` in this root."""
+        target = self.root + cwd
+        if self.state is None:
+            # The dirs on the way are copied up by the first mkdir under them: made, then what the
+            # upper layer holds is what every later run must leave.
+            os.makedirs(target, 0o700)
+            os.rmdir(target)
+            self.state = self._state(os.path.dirname(cwd))
+        os.mkdir(target, 0o700)
+        self.cwd = cwd
+        self.runs += 1
+        self.world.calls.mount(cwd_host, target, None, _MS_BIND)
+
+    def give_back(self) -> bool:
+        """Once the run's processes are gone: its dir unbound and its mount point removed; whether
+        the root is as the first run found it."""
+        cwd, self.cwd = self.cwd, None
+        assert cwd is not None
+        try:
+            self.world.calls.umount(self.root + cwd)
+            os.rmdir(self.root + cwd)
+            return self._state(os.path.dirname(cwd)) == self.state
+        except OSError:
+            return False
+
+    def _state(self, parent: str) -> tuple:
+        """The upper layer's dirs down to ``parent`` and /dev/shm: their entries, modes, owners
+        and extended attributes."""
+        state = []
+        path = self.upper
+        for part in [*[p for p in parent.split("/") if p], None]:
+            info = os.lstat(path)
+            names = sorted(os.listdir(path))
+            xattrs = sorted(
+                (name, os.getxattr(path, name, follow_symlinks=False))
+                for name in os.listxattr(path, follow_symlinks=False)
+            )
+            state.append((names, info.st_mode, info.st_uid, info.st_gid, xattrs))
+            if part is None or names != [part]:
+                break
+            path += "/" + part
+        shm = self.root + "/dev/shm"
+        info = os.lstat(shm)
+        state.append((os.listdir(shm), info.st_mode, info.st_uid, info.st_gid, os.listxattr(shm)))
+        return tuple(state)
+
+    def drop(self) -> None:
+        """Unmount it (its run's dir too, if bound) and remove its upper layer."""
+        try:
+            self.world.calls.umount(self.root)
+        except OSError:
+            pass
+        _remove_tree(self.base)
+
+
+def _remove_tree(path: str) -> None:
+    """``rm -rf path`` (the relay imports no shutil)."""
+    try:
+        entries = list(os.scandir(path))
+    except NotADirectoryError:
+        os.unlink(path)
+        return
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                _remove_tree(entry.path)
+            else:
+                os.unlink(entry.path)
+        except OSError:
+            pass
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
 
 
 def _end_the_run(signum: int, frame: object) -> None:

@@ -521,7 +521,7 @@ class HostWorkspace:
         with open(view_path, "rb") as handle:
             return handle.read()
 
-    def next_command(self, last: bool = False) -> dict[str, Any] | None:
+    def next_command(self, last: bool = False, keep: bool = False) -> dict[str, Any] | None:
         return None
 
     def close(self, code_path: str | None) -> None:
@@ -559,6 +559,8 @@ class LayeredWorkspace:
         self._hidden_prefixed = hidden_prefixed
         self._layers: list[str] = []
         self._commands = 0
+        #: Whether the server wrote a file outside the run's dir (see next_command's ``keep``).
+        self._outside_cwd = False
         self._hidden = hidden_paths
         self._root_device = os.stat("/").st_dev
         self._add_layer()
@@ -615,6 +617,8 @@ class LayeredWorkspace:
         """Write a file where the run will see it at ``view_path`` (an absolute ``files`` key):
         its parent is looked up as the run would (symlinks followed inside the run's view)."""
         parent = self.resolve(os.path.dirname(view_path)) or os.path.normpath(os.path.dirname(view_path))
+        if parent != self.cwd and not parent.startswith(self.cwd + "/"):
+            self._outside_cwd = True  # not in the run's dir: only a root of its own shows it
         self._make_skeleton(self.skeleton(parent))
         with open(self._host(os.path.join(parent, os.path.basename(view_path)), 0), "wb") as handle:
             handle.write(data)
@@ -728,10 +732,13 @@ class LayeredWorkspace:
 
     # -- the commands ----------------------------------------------------------------------------
 
-    def next_command(self, last: bool = False) -> dict[str, Any]:
+    def next_command(self, last: bool = False, keep: bool = False) -> dict[str, Any]:
         """The layers of the request's next command (sent to the relay): a new upper layer over
         the ones the earlier commands wrote. ``last``: no command of this request comes after it
-        (the relay may then unmount its root once it has said that the run is over)."""
+        (the relay may then unmount its root once it has said that the run is over). ``keep``: it
+        is the request's only command, and nothing of the request but the run's dir is read or
+        written outside the run (no ``files`` outside it, no ``fetch_files``): the relay may run it
+        in a root it keeps from run to run, with the run's dir bound in (``forkserver._KeptRoot``)."""
         if self._commands:
             self._add_layer()
         self._commands += 1
@@ -742,6 +749,11 @@ class LayeredWorkspace:
             "work": relay(os.path.join(os.path.dirname(upper), "w")),
             "lowers": [relay(layer) for layer in reversed(self._layers[:-1])],
             "last": last,
+            "keep": (
+                {"dir": relay(self._runs_root.path), "cwd_host": relay(self.host_cwd)}
+                if keep and last and len(self._layers) == 1 and not self._outside_cwd
+                else None
+            ),
         }
 
     def close(self, code_path: str | None = None) -> None:

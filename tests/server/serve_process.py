@@ -276,10 +276,13 @@ def kill_and_remove(group: Path) -> None:
 
 def _kept_empty(path: Path) -> bool:
     """An empty real dir, mode 0700, that the server keeps for a later run; or the tmpfs of an
-    isolation-lite server holding no request's layers (only its lock file and the relays' mount
-    point), and the lock file beside it."""
+    isolation-lite server holding no request's layers (only its lock file, the relays' mount
+    point and the roots relays keep from run to run, ``kept-*``), and the lock file beside it."""
     if path.name.startswith("mocksandbox-") and os.path.ismount(path):
-        return sorted(p.name for p in path.iterdir()) == [".owner", ".world"]
+        return [p.name for p in sorted(path.iterdir()) if not p.name.startswith("kept-")] == [
+            ".owner",
+            ".world",
+        ]
     if path.name.startswith("mocksandbox-") and path.suffix == ".lock":  # the lock beside that tmpfs
         return path.with_suffix("").exists() and _kept_empty(path.with_suffix(""))
     if path.is_symlink() or not path.is_dir() or path.stat().st_mode & 0o777 != 0o700:

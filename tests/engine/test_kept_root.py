@@ -1,0 +1,138 @@
+"""A relay's root kept from run to run (``forkserver._KeptRoot``): reused while runs touch nothing
+but their own dir, dropped as soon as one does, and never showing a later run what an earlier one
+wrote, deleted or changed.
+
+Real engines (isolation lite, both exec modes), real runs. Which root a run had is read on the
+host: a kept root's upper layer is a ``kept-*`` dir of the runs' tmpfs, named at random when it is
+made, so the same name before and after a run means the same root.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mocksandbox.core import MockSandbox
+from mocksandbox.execution.world import lite_unavailable_reason
+from mocksandbox.models import RunCodeRequest
+from mocksandbox.settings import load_settings
+
+
+@pytest.fixture(scope="module", params=["fork", "spawn"])
+def sandbox(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[MockSandbox]:
+    if (reason := lite_unavailable_reason()) is not None:
+        pytest.skip(reason)
+    # Runs one after another go to one relay (the launcher hands out the last one given back).
+    overrides = {
+        "tmp_root": str(tmp_path_factory.mktemp("runs")),
+        "exec_mode": request.param,
+        "isolation": "lite",
+    }
+    box = MockSandbox.create(load_settings(overrides=overrides))
+    yield box
+    box.close()
+
+
+def run(box: MockSandbox, code: str, **fields: object) -> str:
+    answer = box.engine.run_code(RunCodeRequest(code=code, language="python", **fields))  # type: ignore[arg-type]
+    assert answer.run_result is not None, answer
+    assert answer.run_result.return_code == 0, answer.run_result
+    return answer.run_result.stdout or ""
+
+
+def kept_roots(box: MockSandbox) -> list[str]:
+    assert box.engine.runs_root is not None
+    return sorted(p.name for p in Path(box.engine.runs_root.path).glob("kept-*"))
+
+
+def test_a_root_left_untouched_is_kept(sandbox: MockSandbox) -> None:
+    run(sandbox, "print(1)")
+    kept = kept_roots(sandbox)
+    assert len(kept) == 1
+    for _ in range(5):
+        # Reading the image and writing in its own dir leaves the root as it was.
+        run(
+            sandbox,
+            "import os\nopen('here.txt', 'w').write(str(os.listdir('/etc')))\nprint(open('here.txt').read()[:1])",
+        )
+        assert kept_roots(sandbox) == kept
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "open('/tmp/left', 'w').write('x')",
+        "open('/etc/left', 'w').write('x')",
+        "os.remove('/etc/hostname')",
+        "os.chmod('/tmp', 0o700)",
+        "os.setxattr('/tmp', 'user.left', b'x')",
+        "open('/dev/shm/left', 'w').write('x')",
+        "os.chmod('/dev/shm', 0o700)",
+        "os.mkdir('/tmp/left')",
+        "os.symlink('/etc', '/tmp/left')",
+    ],
+)
+def test_a_root_a_run_changed_goes_and_the_next_run_sees_nothing_of_it(
+    sandbox: MockSandbox, change: str
+) -> None:
+    look = (
+        "import os\n"
+        "print(os.path.lexists('/tmp/left'), os.path.exists('/etc/left'), os.path.exists('/etc/hostname'),\n"
+        "      oct(os.stat('/tmp').st_mode), os.listxattr('/tmp'), os.listdir('/dev/shm'),\n"
+        "      oct(os.stat('/dev/shm').st_mode))\n"
+    )
+    fresh = run(sandbox, look)
+    before = kept_roots(sandbox)
+    assert len(before) == 1
+    run(sandbox, f"import os\n{change}\nprint('changed')")
+    # The relay drops that root once it has answered, before it takes its next run: the next run
+    # has a new one, and sees nothing of the change.
+    assert run(sandbox, look) == fresh
+    after = kept_roots(sandbox)
+    assert len(after) == 1 and after != before
+
+
+def test_requests_with_files_outside_their_dir_or_fetch_files_have_roots_of_their_own(
+    sandbox: MockSandbox,
+) -> None:
+    data = base64.b64encode(b"abs").decode()
+    assert run(sandbox, "print(open('/data/in.txt').read())", files={"/data/in.txt": data}) == "abs\n"
+    assert run(sandbox, "import os\nprint(os.path.exists('/data'))") == "False\n"
+    answer = sandbox.engine.run_code(
+        RunCodeRequest(
+            code="open('/tmp/out.txt', 'w').write('o')\nopen('out.txt', 'w').write('i')",
+            language="python",
+            fetch_files=["/tmp/out.txt", "out.txt"],
+        )
+    )
+    assert answer.files == {
+        "/tmp/out.txt": base64.b64encode(b"o").decode(),
+        "out.txt": base64.b64encode(b"i").decode(),
+    }
+    assert run(sandbox, "import os\nprint(os.path.exists('/tmp/out.txt'))") == "False\n"
+
+
+def test_files_in_the_run_dir_come_and_go_with_each_request(sandbox: MockSandbox) -> None:
+    first = base64.b64encode(b"one").decode()
+    assert run(sandbox, "print(open('in.txt').read())", files={"in.txt": first}) == "one\n"
+    assert (
+        run(sandbox, "import os\nprint(sorted(os.listdir('.'))[:0], os.path.exists('in.txt'))")
+        == "[] False\n"
+    )
+
+
+def test_a_kept_root_goes_with_its_server(tmp_path: Path) -> None:
+    if (reason := lite_unavailable_reason()) is not None:
+        pytest.skip(reason)
+    box = MockSandbox.create(load_settings(overrides={"tmp_root": str(tmp_path), "isolation": "lite"}))
+    try:
+        run(box, "print(1)")
+        assert kept_roots(box)
+    finally:
+        box.close()
+    assert list(tmp_path.iterdir()) == []
