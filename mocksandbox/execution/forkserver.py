@@ -1141,7 +1141,8 @@ class _World:
         self.refresh_mask()
         self.current = self.root
         keep = world.get("keep")
-        if keep is not None and cwd is not None and self.tops is None and not world.get("lowers"):
+        plain = not world.get("lowers") and not world.get("binds")
+        if keep is not None and cwd is not None and self.tops is None and plain:
             if self.kept is not None and not self.kept.serves():
                 self.drop_kept()
             if self.kept is None:
