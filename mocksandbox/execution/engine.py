@@ -282,8 +282,9 @@ class ExecutionEngine:
 
     @staticmethod
     def _keeps_to_its_dir(spec: LanguageSpec, request: RunCodeRequest) -> bool:
-        """Whether the request is one command whose files (``files``, ``fetch_files``) are all in
-        the run's dir: its run may have a root kept from run to run (``LayeredWorkspace``)."""
+        """Whether the request is one command with no ``fetch_files``: its run may have a root
+        kept from run to run, unless it puts ``files`` outside the run's dir (which the workspace
+        tells: ``LayeredWorkspace.next_command``)."""
         return spec.setup_command is None and spec.compile_command is None and not request.fetch_files
 
     def _note_missing_toolchain(self, spec: LanguageSpec, result: CommandRunResult | None) -> None:
