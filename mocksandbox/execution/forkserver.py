@@ -1136,8 +1136,7 @@ class _World:
         and the host dirs ``world["binds"]`` names (``[host dir, where the run sees it]``). A run
         that ``world["keep"]`` says touches nothing but its own dir ``cwd`` may have the root an
         earlier run kept (:class:`_KeptRoot`)."""
-        if self.mounted or (self.kept is not None and self.kept.cwd is not None):
-            self.unmount_run()  # the last run's, if its unmount failed
+        self.unmount_run()  # the last run's, if its unmount failed (nothing, else)
         self.refresh_mask()
         self.current = self.root
         keep = world.get("keep")
