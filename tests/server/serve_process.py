@@ -152,8 +152,11 @@ def _reachable_for(uid: int, targets: list[Path]) -> str:
                 break
     lines = ["true"]
     for index, (parent, children) in enumerate(blocked.items()):
-        stage = f"/tmp/.mocksandbox-stage-$$-{index}"
-        lines += [f"mkdir -p {stage}", f"mount --bind {parent} {stage}"]
+        # A name of its own: "$$" is 1 in every shape's PID namespace, and these dirs are made in
+        # the host's /tmp, which servers started at once (xdist workers) share.
+        lines.append(f"stage{index}=$(mktemp -d /tmp/.mocksandbox-stage-XXXXXXXX)")
+        stage = f"$stage{index}"
+        lines.append(f"mount --bind {parent} {stage}")
         lines.append(f"mount -t tmpfs -o mode=0755 none {parent}")
         for child in sorted(children):
             lines += [f"mkdir -p {parent}/{child}", f"mount --rbind {stage}/{child} {parent}/{child}"]
