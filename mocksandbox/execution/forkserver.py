@@ -336,12 +336,8 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
             _SYSCALLS.prepare_command_line(
                 ["python", request["file"]] if request["mode"] == "python" else None
             )
-        if world is not None:
-            _WORLD.watch_server(sock)
         pid = os.fork()
     except OSError as exc:  # EAGAIN: the host's or the server's process budget is spent
-        if world is not None and _WORLD is not None:
-            _WORLD.unwatch_server(sock)
         if world is not None:
             try:  # why, first: the server reads it once the failure is reported
                 os.write(fds[2], f"mocksandbox launcher: cannot make the run's world: {exc}\n".encode())
@@ -1261,36 +1257,22 @@ class _World:
     # the run and the relay (see _end_the_run).
     # Little Python runs in the relay while a program lives: every page it writes then is copied.
 
-    def watch_server(self, sock: _socket.socket) -> None:
-        """Right before a run's fork: ``sock`` in async mode, so that SIGIO ends the run if the
-        server goes (its end closes; see _end_the_run); ``OSError`` (EPIPE) if it has gone
-        already. Done before the fork, not while the program lives: every page the relay writes
-        then is copied, and this is the most Python it would run then."""
+    def wait_for_program(self, pid: int, sock: _socket.socket) -> int:
+        """The wait status of the program ``pid``, reaping the run's orphans meanwhile."""
         fd = sock.fileno()
         if self._async_flags is None:
             # Once per relay (its socket and its pid stay): SIGIO comes to this relay, and the
-            # socket's flags with O_ASYNC and without it. (A forked program holds the socket only
-            # until it closes every descriptor it was not given, before any of its own code.)
+            # socket's flags with O_ASYNC and without it.
             _fcntl.fcntl(fd, _fcntl.F_SETOWN, os.getpid())
             flags = _fcntl.fcntl(fd, _fcntl.F_GETFL)
             self._async_flags = (flags | os.O_ASYNC, flags & ~os.O_ASYNC)
             self._server_end = _select.poll()
             self._server_end.register(fd, _select.POLLIN)
         _fcntl.fcntl(fd, _fcntl.F_SETFL, self._async_flags[0])
-        for _, events in self._server_end.poll(0):
-            if events & _select.POLLHUP:
-                raise OSError(32, "the server has gone")  # EPIPE: closed before we watched
-
-    def unwatch_server(self, sock: _socket.socket) -> None:
-        """After the run (or a run that did not start): ``sock`` out of async mode, so that the
-        server's next run, arriving on it, raises no SIGIO."""
-        if self._async_flags is not None:
-            _fcntl.fcntl(sock.fileno(), _fcntl.F_SETFL, self._async_flags[1])
-
-    def wait_for_program(self, pid: int, sock: _socket.socket) -> int:
-        """The wait status of the program ``pid``, reaping the run's orphans meanwhile; ``sock``
-        out of async mode after (:meth:`watch_server` set it before the fork)."""
         try:
+            for _, events in self._server_end.poll(0):
+                if events & _select.POLLHUP:
+                    os.kill(-1, _signal.SIGKILL)  # the server left before we watched: end the run
             while True:
                 try:
                     done, status = os.waitpid(-1, 0)
@@ -1301,7 +1283,7 @@ class _World:
                 if done == pid:
                     return status
         finally:
-            self.unwatch_server(sock)
+            _fcntl.fcntl(fd, _fcntl.F_SETFL, self._async_flags[1])
 
     @staticmethod
     def anything_left() -> bool:
