@@ -351,7 +351,7 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
     if pid == 0:
         _start_program(request, fds)
     _close_all(fds[:3])
-    # Whether every process of the run's namespace is gone (and reaped): nothing left to reap.
+    #: Whether every process of the run's namespace is gone (and reaped): nothing left to reap.
     all_gone = False
     try:
         _write_all(status_fd, _STATUS_PID + pid.to_bytes(8, "little"))
