@@ -330,7 +330,7 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
             if _WORLD is None:
                 raise OSError(95, "this launcher makes no worlds")  # EOPNOTSUPP
             _WORLD.mount_run(world, request["cwd"])
-            _WORLD.own_children()
+            _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)  # this run's children: ours to wait for
         _THREAD_STACKS.prepare(request)
         if _SYSCALLS is not None:  # (an exec'ed program gets its command line from execve)
             _SYSCALLS.prepare_command_line(
@@ -351,8 +351,6 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
     if pid == 0:
         _start_program(request, fds)
     _close_all(fds[:3])
-    #: Whether every process of the run's namespace is gone (and reaped): nothing left to reap.
-    all_gone = False
     try:
         _write_all(status_fd, _STATUS_PID + pid.to_bytes(8, "little"))
         status = _WORLD.wait_for_program(pid, sock) if world is not None else _wait_for(pid)
@@ -366,7 +364,6 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
             # Once they are gone, the run's files change no more: the server, told the run is
             # over when the status pipe closes, reads them and removes them at once.
             _WORLD.reap(until_gone=True)
-        all_gone = world is not None
         # The run's root is unmounted once the answer is on its way, where nothing needs it
         # sooner: a later command of the request stacks its layer over this one's (which must not
         # be an upper layer then), and the space the run's files took on the runs' tmpfs comes
@@ -378,7 +375,7 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
     except OSError:
         pass  # the server gave up on this run (it closed its end): nobody to tell
     finally:
-        if world is not None and not all_gone:
+        if world is not None:
             _WORLD.reap()
         os.close(status_fd)
         if world is not None:
@@ -960,8 +957,6 @@ class _World:
         calls.prepare_capabilities(self.keep_caps)
         # A handler, not the default action: a namespace's PID 1 drops signals it has none for.
         _signal.signal(_signal.SIGIO, _end_the_run)
-        #: Whether SIGCHLD is ignored (between runs, after :meth:`reap`), not at its default.
-        self.children_ignored = False
         #: The relay socket's flags with O_ASYNC and without it, and a poll of it (wait_for_program).
         self._async_flags: tuple | None = None
         self._server_end = None
@@ -1251,8 +1246,7 @@ class _World:
     # The relay is PID 1 of the run's namespace: the run's orphans come to it, and each one that
     # dies must be reaped at once (a zombie still counts against pids.max, and the server answers
     # only once the run's cgroup is empty). While a program runs, the relay reaps in its blocking
-    # wait; between runs, SIGCHLD is ignored where any might be left, so that the kernel reaps them
-    # (a run whose processes are all gone leaves nothing to reap). And while a program
+    # wait; between runs, SIGCHLD is ignored, so that the kernel reaps them. And while a program
     # runs, the relay's socket is in async mode: if the server dies (its end closes), SIGIO ends
     # the run and the relay (see _end_the_run).
     # Little Python runs in the relay while a program lives: every page it writes then is copied.
@@ -1297,20 +1291,12 @@ class _World:
             return False
         return True
 
-    def own_children(self) -> None:
-        """Before a run: its processes are the relay's to wait for (``SIGCHLD`` at its default),
-        if :meth:`reap` had the kernel reap them since the last run."""
-        if self.children_ignored:
-            _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
-            self.children_ignored = False
-
-    def reap(self, until_gone: bool = False) -> None:
+    @staticmethod
+    def reap(until_gone: bool = False) -> None:
         """Reap what died of the run, and let the kernel reap the rest until the next run; with
-        ``until_gone``, wait until every process of the namespace (killed) has died first.
-        (After a run that left nothing, neither is needed: the relay skips both.)"""
+        ``until_gone``, wait until every process of the namespace (killed) has died first."""
         if not until_gone:
             _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)
-            self.children_ignored = True
         while True:
             try:
                 if os.waitpid(-1, 0 if until_gone else os.WNOHANG)[0] == 0:
