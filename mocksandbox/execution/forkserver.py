@@ -56,7 +56,6 @@ import fcntl as _fcntl  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import resource  # noqa: E402
-import select as _select  # noqa: E402
 import signal  # noqa: E402
 import time  # noqa: E402
 
@@ -957,9 +956,6 @@ class _World:
         calls.prepare_capabilities(self.keep_caps)
         # A handler, not the default action: a namespace's PID 1 drops signals it has none for.
         _signal.signal(_signal.SIGIO, _end_the_run)
-        #: The relay socket's flags with O_ASYNC and without it, and a poll of it (wait_for_program).
-        self._async_flags: tuple | None = None
-        self._server_end = None
         #: The runs' seccomp filter (``syscall_filter.py``), if the server has one: installed here,
         #: once, in the world's first process (the relay, or a kernel's world), so that each
         #: program inherits it at its fork instead of paying for a filter of its own (the kernel
@@ -1254,19 +1250,14 @@ class _World:
     def wait_for_program(self, pid: int, sock: _socket.socket) -> int:
         """The wait status of the program ``pid``, reaping the run's orphans meanwhile."""
         fd = sock.fileno()
-        if self._async_flags is None:
-            # Once per relay (its socket and its pid stay): SIGIO comes to this relay, and the
-            # socket's flags with O_ASYNC and without it.
-            _fcntl.fcntl(fd, _fcntl.F_SETOWN, os.getpid())
-            flags = _fcntl.fcntl(fd, _fcntl.F_GETFL)
-            self._async_flags = (flags | os.O_ASYNC, flags & ~os.O_ASYNC)
-            self._server_end = _select.poll()
-            self._server_end.register(fd, _select.POLLIN)
-        _fcntl.fcntl(fd, _fcntl.F_SETFL, self._async_flags[0])
+        _fcntl.fcntl(fd, _fcntl.F_SETOWN, os.getpid())
+        _fcntl.fcntl(fd, _fcntl.F_SETFL, _fcntl.fcntl(fd, _fcntl.F_GETFL) | os.O_ASYNC)
         try:
-            for _, events in self._server_end.poll(0):
-                if events & _select.POLLHUP:
-                    os.kill(-1, _signal.SIGKILL)  # the server left before we watched: end the run
+            if sock.recv(1, _socket.MSG_PEEK | _socket.MSG_DONTWAIT) == b"":
+                os.kill(-1, _signal.SIGKILL)  # the server left before we watched: end the run
+        except BlockingIOError:
+            pass  # still there, nothing sent: the usual case
+        try:
             while True:
                 try:
                     done, status = os.waitpid(-1, 0)
@@ -1277,7 +1268,7 @@ class _World:
                 if done == pid:
                     return status
         finally:
-            _fcntl.fcntl(fd, _fcntl.F_SETFL, self._async_flags[1])
+            _fcntl.fcntl(fd, _fcntl.F_SETFL, _fcntl.fcntl(fd, _fcntl.F_GETFL) & ~os.O_ASYNC)
 
     @staticmethod
     def anything_left() -> bool:
@@ -1703,6 +1694,7 @@ def _open_missing_std_fds() -> None:
 
 def _serve(sock: _socket.socket) -> None:
     import gc
+    import select
 
     global _PROGRAM_STDIO, _THREAD_STACKS
     _PROGRAM_STDIO = _make_program_stdio()
@@ -1725,9 +1717,9 @@ def _serve(sock: _socket.socket) -> None:
     own_pid_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC) if _WORLD_CONFIG else None
     if _USERS is not None:
         own_pid_namespace = _USERS
-    poller = _select.poll()
-    poller.register(sock.fileno(), _select.POLLIN)
-    poller.register(ran_r, _select.POLLIN)
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    poller.register(ran_r, select.POLLIN)
     while True:
         timeout = warmer.timeout()
         try:
