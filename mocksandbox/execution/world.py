@@ -302,6 +302,12 @@ RUNS_TMPFS_SIZE = "size=25%"
 
 _RUNS_ROOT_PREFIX = "mocksandbox-"
 _OWNER_FILE = ".owner"
+#: Where each relay mounts its own scratch tmpfs (see :attr:`RunsRoot.scratch`).
+_SCRATCH_DIR = ".world"
+#: The roots relays keep from run to run: ``kept-<random>/u`` (an upper layer) and ``/w`` (its
+#: work dir). The launcher (``forkserver.py``, which imports nothing of the package) makes them.
+_KEPT_ROOT_PREFIX = "kept-"
+_KEPT_ROOT_PARTS = frozenset({"u", "w"})
 #: Beside a runs' dir: locked while its server lives (``RunsRoot``).
 _ALIVE_SUFFIX = ".lock"
 _UMOUNT_DETACH = 2
@@ -361,7 +367,7 @@ class RunsRoot:
         self._owner = os.open(os.path.join(path, _OWNER_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         fcntl.flock(self._owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
         #: Where each relay mounts its own scratch tmpfs (in its private mount namespace).
-        self.scratch = os.path.join(path, ".world")
+        self.scratch = os.path.join(path, _SCRATCH_DIR)
         os.mkdir(self.scratch, 0o700)
 
     #: Where the server reaches the runs' files, when not at :attr:`path` (a server that is not
@@ -441,6 +447,19 @@ def _empty_dir(path: str) -> bool:
         return False
 
 
+def holds_no_layers(path: str | os.PathLike[str]) -> bool:
+    """Whether the runs' tmpfs (or dir) at ``path`` holds no request's layers: nothing but its
+    ``.owner`` lock file, the relays' scratch mount point and the roots relays keep from run to run
+    (``kept-*``, each holding no more than its upper layer and work dir: a relay may be making or
+    dropping one as this looks)."""
+    entries = list(os.scandir(path))
+    others = [e.name for e in entries if not e.name.startswith(_KEPT_ROOT_PREFIX)]
+    if sorted(others) != sorted([_OWNER_FILE, _SCRATCH_DIR]):
+        return False
+    kept = (e for e in entries if e.name.startswith(_KEPT_ROOT_PREFIX))
+    return all(e.is_dir(follow_symlinks=False) and set(os.listdir(e.path)) <= _KEPT_ROOT_PARTS for e in kept)
+
+
 def reclaim_stale_runs_roots(parent: str) -> list[str]:
     """Unmount and remove the runs' tmpfs of servers that died without doing it (SIGKILL): those
     whose ``.owner`` lock nobody holds. Returns what was reclaimed."""
@@ -466,7 +485,7 @@ def reclaim_stale_runs_roots(parent: str) -> list[str]:
                 pass
             continue
         mounted = os.path.ismount(path)
-        if not mounted and not os.path.isdir(os.path.join(path, ".world")):
+        if not mounted and not os.path.isdir(os.path.join(path, _SCRATCH_DIR)):
             continue  # neither a runs' tmpfs nor a runs' dir
         try:
             owner = os.open(os.path.join(path, _OWNER_FILE), os.O_RDWR | os.O_CLOEXEC)

@@ -14,23 +14,13 @@ import pytest
 from mocksandbox.core import MockSandbox
 from mocksandbox.execution.launcher import Launcher
 from mocksandbox.execution.workdirs import IDLE_WORKDIRS
+from mocksandbox.execution.world import holds_no_layers
 from mocksandbox.models import CommandRunStatus, RunCodeRequest, RunCodeResponse, RunStatus
 
 
 def is_runs_root(path: Path) -> bool:
     """The tmpfs an isolation-lite server keeps its requests' layers on."""
     return path.name.startswith("mocksandbox-") and os.path.ismount(path)
-
-
-def holds_no_layers(runs_root: Path) -> bool:
-    """Whether the runs' tmpfs ``runs_root`` holds no request's layers: its lock file, the relays'
-    mount point, and the roots relays keep from run to run (``kept-*``: an upper layer and its
-    work dir each)."""
-    names = sorted(p.name for p in runs_root.iterdir())
-    kept = [runs_root / name for name in names if name.startswith("kept-")]
-    return [n for n in names if not n.startswith("kept-")] == [".owner", ".world"] and all(
-        sorted(p.name for p in root.iterdir()) == ["u", "w"] for root in kept
-    )
 
 
 def is_runs_root_lock(path: Path) -> bool:

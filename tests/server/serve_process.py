@@ -27,6 +27,7 @@ import pytest
 import requests
 
 from mocksandbox.execution.confinement import CgroupConfinement, own_cgroup_dir
+from mocksandbox.execution.world import holds_no_layers
 
 NO_PROXY = {"http": "", "https": ""}
 
@@ -282,10 +283,7 @@ def _kept_empty(path: Path) -> bool:
     isolation-lite server holding no request's layers (only its lock file, the relays' mount
     point and the roots relays keep from run to run, ``kept-*``), and the lock file beside it."""
     if path.name.startswith("mocksandbox-") and os.path.ismount(path):
-        return [p.name for p in sorted(path.iterdir()) if not p.name.startswith("kept-")] == [
-            ".owner",
-            ".world",
-        ]
+        return holds_no_layers(path)
     if path.name.startswith("mocksandbox-") and path.suffix == ".lock":  # the lock beside that tmpfs
         return path.with_suffix("").exists() and _kept_empty(path.with_suffix(""))
     if path.is_symlink() or not path.is_dir() or path.stat().st_mode & 0o777 != 0o700:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from mocksandbox.execution.world import (
     LayeredWorkspace,
     RunsRoot,
+    holds_no_layers,
     is_credential_variable,
     without_credentials,
 )
@@ -173,3 +174,24 @@ def test_a_runs_root_of_a_dead_server_is_reclaimed(tmp_path: Path) -> None:
         live.close()
         fresh.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_runs_root_holds_no_layers_with_only_its_own_files_and_kept_roots(tmp_path: Path) -> None:
+    (tmp_path / ".owner").touch()
+    (tmp_path / ".world").mkdir()
+    assert holds_no_layers(tmp_path)
+    kept = tmp_path / "kept-0a1b"
+    kept.mkdir()
+    assert holds_no_layers(tmp_path)  # a relay making one (or dropping it) as this looks
+    (kept / "u").mkdir()
+    (kept / "w").mkdir()
+    assert holds_no_layers(tmp_path)
+    (kept / "stray").touch()
+    assert not holds_no_layers(tmp_path)
+    (kept / "stray").unlink()
+    request = tmp_path / "0123456789abcdef"  # a request's layers, left behind
+    request.mkdir()
+    assert not holds_no_layers(tmp_path)
+    request.rmdir()
+    (tmp_path / ".owner").unlink()
+    assert not holds_no_layers(tmp_path)
