@@ -136,8 +136,10 @@ def test_fork_bomb_is_contained(sandbox: MockSandbox) -> None:
 def test_shell_fork_bomb_dies_with_its_run(sandbox: MockSandbox) -> None:
     needs_cgroup(sandbox, "bound the process count of a program running as root")
     marker = f"{uuid.uuid4().int % 10**6}"
+    # The run ends when its shell has slept (up to 1 s) and echoed: 10 s leave room for that on a
+    # loaded machine, where 2 s was thin (the bomb in the background does not wait it out).
     result = run(
-        sandbox, f"b(){{ sleep 0.{marker}; b|b& }}; b; echo launched", language="bash", run_timeout=2
+        sandbox, f"b(){{ sleep 0.{marker}; b|b& }}; b; echo launched", language="bash", run_timeout=10
     )
     assert result.run_result is not None
     assert result.run_result.stdout == "launched\n"
