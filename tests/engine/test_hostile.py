@@ -204,14 +204,19 @@ def test_child_holding_the_pipe_does_not_hold_the_answer(sandbox: MockSandbox) -
 def test_orphan_that_left_the_session_is_killed(sandbox: MockSandbox) -> None:
     needs_cgroup(sandbox, "find a process that left the session after its parent exited")
     marker = f"{uuid.uuid4().int % 10**6}"
+    # The run ends once the orphan's sleep has started (it says so on a pipe): a fixed pause could
+    # end it first on a loaded machine, and the test would then prove nothing.
     code = (
         "import os, subprocess\n"
+        "r, w = os.pipe()\n"
         "if os.fork() == 0:\n"
         "    os.setsid()\n"
         "    if os.fork() == 0:\n"
         f"        subprocess.Popen(['sleep', '40.{marker}'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        "        os.write(w, b'x')\n"
         "    os._exit(0)\n"
-        "import time; time.sleep(0.2)\n"
+        "os.close(w)\n"
+        "os.read(r, 1)\n"
         "print('bye')\n"
     )
     result = run(sandbox, code)
