@@ -63,7 +63,12 @@ def processes_with(marker: str) -> list[psutil.Process]:
     return found
 
 
-def wait_leftovers(launcher: Launcher, within: float = 5.0) -> list[psutil.Process]:
+#: Seconds the kernel gets to reap what a run left: they return as soon as nothing is left, and 15 s,
+#: not 5, keep a loaded machine's slow reaping (after a fork bomb) from reading as a leak.
+REAP_WITHIN_S = 15.0
+
+
+def wait_leftovers(launcher: Launcher, within: float = REAP_WITHIN_S) -> list[psutil.Process]:
     """Processes under the launcher still there after ``within`` seconds, but for its idle
     relays: nothing below a relay (a program), and no more children than relays that wait for a
     run (an orphan handed to the launcher, or a relay let go that has not left yet)."""
@@ -78,7 +83,7 @@ def wait_leftovers(launcher: Launcher, within: float = 5.0) -> list[psutil.Proce
         time.sleep(0.02)
 
 
-def wait_programs_in(runs_dir: Path, within: float = 5.0) -> list[psutil.Process]:
+def wait_programs_in(runs_dir: Path, within: float = REAP_WITHIN_S) -> list[psutil.Process]:
     """Processes below this one that still work in a dir under ``runs_dir`` (a run's program or
     what it started) after ``within`` seconds."""
     deadline = time.monotonic() + within
@@ -95,7 +100,7 @@ def wait_programs_in(runs_dir: Path, within: float = 5.0) -> list[psutil.Process
         time.sleep(0.05)
 
 
-def wait_gone(marker: str, within: float = 5.0) -> list[psutil.Process]:
+def wait_gone(marker: str, within: float = REAP_WITHIN_S) -> list[psutil.Process]:
     """Processes still carrying ``marker`` after the kernel had ``within`` seconds to reap them."""
     deadline = time.monotonic() + within
     while (alive := processes_with(marker)) and time.monotonic() < deadline:
