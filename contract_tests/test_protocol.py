@@ -69,7 +69,8 @@ def test_wrong_types(target: Target) -> None:
 
 
 def test_lax_coercion_of_numbers_in_strings(target: Target) -> None:
-    body = target.run_code("print(1)", run_timeout="2", compile_timeout="3", memory_limit_MB="-1")
+    # Numbers in strings; run_timeout "20", not "2": the run must finish, on a loaded machine too.
+    body = target.run_code("print(1)", run_timeout="20", compile_timeout="30", memory_limit_MB="-1")
     assert body["status"] == "Success"
 
 

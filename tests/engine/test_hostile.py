@@ -53,7 +53,12 @@ def processes_with(marker: str) -> list[psutil.Process]:
     return found
 
 
-def wait_leftovers(launcher: Launcher, within: float = 5.0) -> list[psutil.Process]:
+#: Seconds the kernel gets to reap what a run left: they return as soon as nothing is left, and 15 s,
+#: not 5, keep a loaded machine's slow reaping (after a fork bomb) from reading as a leak.
+REAP_WITHIN_S = 15.0
+
+
+def wait_leftovers(launcher: Launcher, within: float = REAP_WITHIN_S) -> list[psutil.Process]:
     """Processes under the launcher still there after ``within`` seconds, but for its idle
     relays: nothing below a relay (a program), and no more children than relays that wait for a
     run (an orphan handed to the launcher, or a relay let go that has not left yet)."""
@@ -68,7 +73,7 @@ def wait_leftovers(launcher: Launcher, within: float = 5.0) -> list[psutil.Proce
         time.sleep(0.02)
 
 
-def wait_programs_in(runs_dir: Path, within: float = 5.0) -> list[psutil.Process]:
+def wait_programs_in(runs_dir: Path, within: float = REAP_WITHIN_S) -> list[psutil.Process]:
     """Processes below this one that still work in a dir under ``runs_dir`` (a run's program or
     what it started) after ``within`` seconds."""
     deadline = time.monotonic() + within
@@ -85,7 +90,7 @@ def wait_programs_in(runs_dir: Path, within: float = 5.0) -> list[psutil.Process
         time.sleep(0.05)
 
 
-def wait_gone(marker: str, within: float = 5.0) -> list[psutil.Process]:
+def wait_gone(marker: str, within: float = REAP_WITHIN_S) -> list[psutil.Process]:
     """Processes still carrying ``marker`` after the kernel had ``within`` seconds to reap them."""
     deadline = time.monotonic() + within
     while (alive := processes_with(marker)) and time.monotonic() < deadline:
@@ -126,8 +131,10 @@ def test_fork_bomb_is_contained(sandbox: MockSandbox) -> None:
 def test_shell_fork_bomb_dies_with_its_run(sandbox: MockSandbox) -> None:
     needs_cgroup(sandbox, "bound the process count of a program running as root")
     marker = f"{uuid.uuid4().int % 10**6}"
+    # The run ends when its shell has slept (up to 1 s) and echoed: 10 s leave room for that on a
+    # loaded machine, where 2 s was thin (the bomb in the background does not wait it out).
     result = run(
-        sandbox, f"b(){{ sleep 0.{marker}; b|b& }}; b; echo launched", language="bash", run_timeout=2
+        sandbox, f"b(){{ sleep 0.{marker}; b|b& }}; b; echo launched", language="bash", run_timeout=10
     )
     assert result.run_result is not None
     assert result.run_result.stdout == "launched\n"
@@ -192,14 +199,19 @@ def test_child_holding_the_pipe_does_not_hold_the_answer(sandbox: MockSandbox) -
 def test_orphan_that_left_the_session_is_killed(sandbox: MockSandbox) -> None:
     needs_cgroup(sandbox, "find a process that left the session after its parent exited")
     marker = f"{uuid.uuid4().int % 10**6}"
+    # The run ends once the orphan's sleep has started (it says so on a pipe): a fixed pause could
+    # end it first on a loaded machine, and the test would then prove nothing.
     code = (
         "import os, subprocess\n"
+        "r, w = os.pipe()\n"
         "if os.fork() == 0:\n"
         "    os.setsid()\n"
         "    if os.fork() == 0:\n"
         f"        subprocess.Popen(['sleep', '40.{marker}'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        "        os.write(w, b'x')\n"
         "    os._exit(0)\n"
-        "import time; time.sleep(0.2)\n"
+        "os.close(w)\n"
+        "os.read(r, 1)\n"
         "print('bye')\n"
     )
     result = run(sandbox, code)

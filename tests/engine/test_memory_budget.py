@@ -113,7 +113,9 @@ def test_runs_that_together_outgrow_the_runs_total_are_killed_among_themselves(
     """Two runs of three 60 MB children each: each fits its own 200 MiB, together they do not fit
     256 MiB. The OOM happens in the runs' parent, the hogs end, and the next run is answered right."""
     parent = small_engine.runner.confinement._parents["memory"]  # type: ignore[attr-defined]
-    request = RunCodeRequest(code=HOG.format(children=3), language="python", run_timeout=3)
+    # The hogs sleep until run_timeout: 6 s (not 3) for both runs to start and touch their memory,
+    # so that the OOM happens before the timeout on a loaded machine too.
+    request = RunCodeRequest(code=HOG.format(children=3), language="python", run_timeout=6)
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         answers = list(pool.map(small_engine.run_code, [request, request]))
     for answer in answers:

@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +156,21 @@ def test_a_rule_and_a_cap_together_stay_exact_fleet_wide(fleet: MockSandboxHandl
     assert [e.fault_action for e in fleet.requests(path="/run_code") if e.faults] == ["delay", "delay"]
 
 
+#: A held program's run_timeout: longer than any wait of a test that holds it (the default 10 s is
+#: not, where a replica is killed and declared dead on a loaded machine), shorter than the client's 120 s.
+HELD_RUN_TIMEOUT = 110
+
+
+@contextmanager
+def releasing(barrier: Path) -> Iterator[None]:
+    """Creates ``barrier`` on the way out, whatever happened: a test that fails while it holds
+    programs does not wait out their run_timeout. (Enter it after the pool that waits for them.)"""
+    try:
+        yield
+    finally:
+        barrier.touch()
+
+
 def held_until(barrier: Path, i: int) -> str:
     """A program that stays in flight until the test creates ``barrier`` (every node of the
     simulated cluster is this machine), then prints ``i``. It lists the barrier's dir rather than
@@ -172,8 +188,8 @@ def held_past_the_cap(
     """``count`` held programs at once against a cap of ``cap``: once ``cap`` hold their slots
     and the others are refused (whichever replica took them), the barrier lets them end; every
     reply, in the order sent."""
-    with ThreadPoolExecutor(count) as pool:
-        body = {"code": held_until(barrier, 7), "language": "python"}
+    with ThreadPoolExecutor(count) as pool, releasing(barrier):
+        body = {"code": held_until(barrier, 7), "language": "python", "run_timeout": HELD_RUN_TIMEOUT}
         futures = [pool.submit(post, fleet.url, "/run_code", body) for _ in range(count)]
         refused = count - cap
         _wait_for(lambda: fleet.stats()["rejected_by_cap"] == refused, 120, f"{refused} refusals")
@@ -386,10 +402,9 @@ def test_a_killed_replica_fails_its_requests_only_and_gives_back_its_permits(
     admits = box.control.call_counts().get("admit", 0)
     barrier = tmp_path / "go"
     codes = [held_until(barrier, i) for i in range(9)]
-    with ThreadPoolExecutor(9) as pool:
-        futures = [
-            pool.submit(post, fleet.url, "/run_code", {"code": c, "language": "python"}, 120) for c in codes
-        ]
+    bodies = [{"code": c, "language": "python", "run_timeout": HELD_RUN_TIMEOUT} for c in codes]
+    with ThreadPoolExecutor(9) as pool, releasing(barrier):
+        futures = [pool.submit(post, fleet.url, "/run_code", body, 120) for body in bodies]
         _wait_for(lambda: fleet.stats()["in_flight"] == 9, 60, "nine requests in flight")
         pending = _pending_by_worker(fleet)
         victim = max(pending, key=lambda w: len(pending[w]))
@@ -446,8 +461,8 @@ def test_a_killed_replica_fails_its_requests_only_and_gives_back_its_permits(
     assert victim not in {r["key"] for r in alive}
     fleet.set_capacity(max_in_flight=3)
     second = tmp_path / "again"
-    with ThreadPoolExecutor(3) as pool:
-        body = {"code": held_until(second, 3), "language": "python"}
+    with ThreadPoolExecutor(3) as pool, releasing(second):
+        body = {"code": held_until(second, 3), "language": "python", "run_timeout": HELD_RUN_TIMEOUT}
         held = [pool.submit(post, fleet.url, "/run_code", body) for _ in range(3)]
         _wait_for(lambda: fleet.stats()["in_flight"] == 3, 120, "three in flight at once")
         second.touch()

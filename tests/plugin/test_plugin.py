@@ -201,8 +201,9 @@ def test_divergences_are_reported_and_fail_on_request_and_output_mode_reproduces
 
         PROGRAM = "for i in range(100000): print(i)"
 
-        def run(url):
-            body = {"code": PROGRAM, "language": "python", "run_timeout": 2}
+        def run(url, run_timeout=30):
+            # 30 s where the run must finish: 100000 prints can take seconds on a loaded machine.
+            body = {"code": PROGRAM, "language": "python", "run_timeout": run_timeout}
             return requests.post(url + "/run_code", json=body).json()["run_result"]
 
         def test_floods_stdout(mocksandbox, mocksandbox_url):
@@ -218,7 +219,7 @@ def test_divergences_are_reported_and_fail_on_request_and_output_mode_reproduces
 
         @pytest.mark.mocksandbox_output_mode("sandboxfusion")
         def test_as_production(mocksandbox, mocksandbox_url):
-            result = run(mocksandbox_url)
+            result = run(mocksandbox_url, run_timeout=2)  # the stalled program waits it out
             assert result["status"] == "TimeLimitExceeded"
             assert 131072 < len(result["stdout"]) < 230000
             assert mocksandbox.divergences() == []

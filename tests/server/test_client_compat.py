@@ -136,7 +136,8 @@ def test_sandbox_fusion_failure(sf_endpoint: str, code: str, return_code: int, s
 
 def test_sandbox_fusion_timeout(sf_endpoint: str) -> None:
     code = "import time\nprint('started', flush=True)\ntime.sleep(30)"
-    resp = run_code(RunCodeRequest(code=code, language="python", run_timeout=0.5), max_attempts=1)
+    # 3 s, not 0.5: Python must start and print 'started' before the timeout, on a loaded machine too.
+    resp = run_code(RunCodeRequest(code=code, language="python", run_timeout=3), max_attempts=1)
     assert resp.status == RunStatus.Failed
     assert resp.message == ""
     assert resp.run_result is not None

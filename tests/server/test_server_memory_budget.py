@@ -127,7 +127,7 @@ def test_hogs_beside_ordinary_runs_are_killed_among_themselves(contained_server:
     assert _read(server.cgroup, "memory.max_usage_in_bytes") < SERVER_MEMORY_LIMIT
     assert _own_oom_kills(server) == 0
     # Nothing left behind, and the server still answers.
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 15  # returns once drained; a loaded machine reaps slowly
     while (parent / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
         time.sleep(0.05)
     for group in [parent, *parent.glob("run-*")]:

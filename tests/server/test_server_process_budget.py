@@ -59,7 +59,7 @@ def _assert_ordinary(answer: dict[str, object], expected: str) -> None:
 def _assert_nothing_left(server: ServeProcess) -> None:
     """No process of any run is left or still charged, and no temp dir: the server is up."""
     parent = server.runs_parent()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 15  # returns once drained; a loaded machine reaps slowly
     while int((parent / "pids.current").read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert int((parent / "pids.current").read_text()) == 0, "a run's processes are still charged"

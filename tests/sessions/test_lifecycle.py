@@ -123,9 +123,10 @@ def test_in_a_mount_namespace_files_may_name_workspace_paths(make_manager: MakeM
 def test_timeouts_control_keys_and_malformed_calls(make_manager: MakeManager) -> None:
     manager = make_manager()
     sid = manager.start(PAGEKIT.instance_hash)
-    slow = manager.process_action(sid, bash("echo started; sleep 30", timeout="0.5"))
+    # 3 s, not 0.5: the command's shell (and its namespace or world) must start and echo in time.
+    slow = manager.process_action(sid, bash("echo started; sleep 30", timeout="3"))
     assert slow == (
-        "EXECUTION RESULT of [execute_bash]:\nstarted\n[Command timed out after 0.5 seconds and was killed. "
+        "EXECUTION RESULT of [execute_bash]:\nstarted\n[Command timed out after 3 seconds and was killed. "
         "Run long jobs with a smaller input or a timeout of their own.]"
     )
     assert "exit code 0" in manager.process_action(sid, bash("true"))  # the session goes on
