@@ -1423,9 +1423,16 @@ def _remove_tree(path: str) -> None:
 
 
 def _end_the_run(signum: int, frame: object) -> None:
-    """SIGIO in a world's relay while a program runs: the server is gone. Every process of the
-    namespace is killed (a signal to -1 from its PID 1 reaches all the others), then the relay."""
+    """SIGIO in a world's relay while a program runs: the server let the run go (its deadline
+    passed, where no cgroup kills it) or is gone. Every process of the namespace is killed (a
+    signal to -1 from its PID 1 reaches all the others), then the relay; its kept root goes first,
+    once nothing of the run writes any more: what a timed-out run wrote outside its dir is in that
+    root's upper layer, on the runs' tmpfs, which outlives the relay (a run that filled it and
+    slept past its deadline, again and again, would leave every later run without space)."""
     os.kill(-1, _signal.SIGKILL)
+    if _WORLD is not None:
+        _WORLD.reap(until_gone=True)
+        _WORLD.drop_kept()
     os._exit(1)
 
 

@@ -448,16 +448,30 @@ def _empty_dir(path: str) -> bool:
 
 
 def holds_no_layers(path: str | os.PathLike[str]) -> bool:
-    """Whether the runs' tmpfs (or dir) at ``path`` holds no request's layers: nothing but its
-    ``.owner`` lock file, the relays' scratch mount point and the roots relays keep from run to run
-    (``kept-*``, each holding no more than its upper layer and work dir: a relay may be making or
-    dropping one as this looks)."""
+    """Whether the runs' tmpfs (or dir) at ``path`` holds no request's layers and nothing a run
+    left: only its ``.owner`` lock file, the relays' scratch mount point and the roots relays keep
+    from run to run (``kept-*``: each holds no more than its upper layer and work dir, as a relay
+    may be making or dropping one as this looks, and the upper layer only the dirs on the way to
+    the runs' dirs, one below the other: what every run of such a root must leave)."""
     entries = list(os.scandir(path))
     others = [e.name for e in entries if not e.name.startswith(_KEPT_ROOT_PREFIX)]
     if sorted(others) != sorted([_OWNER_FILE, _SCRATCH_DIR]):
         return False
-    kept = (e for e in entries if e.name.startswith(_KEPT_ROOT_PREFIX))
-    return all(e.is_dir(follow_symlinks=False) and set(os.listdir(e.path)) <= _KEPT_ROOT_PARTS for e in kept)
+    for kept in (e for e in entries if e.name.startswith(_KEPT_ROOT_PREFIX)):
+        if not kept.is_dir(follow_symlinks=False) or not set(os.listdir(kept.path)) <= _KEPT_ROOT_PARTS:
+            return False
+        upper = os.path.join(kept.path, "u")
+        if os.path.isdir(upper) and not _only_the_way_down(upper):
+            return False
+    return True
+
+
+def _only_the_way_down(path: str) -> bool:
+    """Whether ``path`` holds at most one entry, a dir holding the same, and so on down."""
+    entries = list(os.scandir(path))
+    return len(entries) <= 1 and all(
+        e.is_dir(follow_symlinks=False) and _only_the_way_down(e.path) for e in entries
+    )
 
 
 def reclaim_stale_runs_roots(parent: str) -> list[str]:

@@ -10,13 +10,15 @@ made, so the same name before and after a run means the same root.
 from __future__ import annotations
 
 import base64
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from mocksandbox.core import MockSandbox
-from mocksandbox.execution.world import lite_unavailable_reason
+from mocksandbox.execution.confinement import CgroupConfinement
+from mocksandbox.execution.world import holds_no_layers, lite_unavailable_reason
 from mocksandbox.models import RunCodeRequest
 from mocksandbox.settings import load_settings
 
@@ -133,6 +135,41 @@ def test_a_kept_root_goes_with_its_server(tmp_path: Path) -> None:
     try:
         run(box, "print(1)")
         assert kept_roots(box)
+    finally:
+        box.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("confinement", ["process-group", "cgroup"])
+def test_a_timed_out_run_leaves_nothing_of_what_it_wrote_outside_its_dir(
+    confinement: str, tmp_path: Path
+) -> None:
+    """Where no cgroup kills a timed-out run, the server lets its relay go, and the relay ends the
+    run and itself: its kept root goes with it, with what the run wrote outside its dir (which
+    would else stay on the runs' tmpfs, run after run, until the server stops)."""
+    if (reason := lite_unavailable_reason()) is not None:
+        pytest.skip(reason)
+    if confinement == "cgroup" and not CgroupConfinement.available():
+        pytest.skip("cgroup v1 pids/memory/freezer controllers are not writable here")
+    overrides = {"tmp_root": str(tmp_path), "isolation": "lite", "confinement": confinement}
+    box = MockSandbox.create(load_settings(overrides=overrides))
+    try:
+        run(box, "print(1)")
+        assert kept_roots(box)
+        code = (
+            "import time\nopen('/var/hog', 'wb').write(b'x' * (4 << 20))\n"
+            "print('wrote', flush=True)\ntime.sleep(60)"
+        )
+        answer = box.engine.run_code(RunCodeRequest(code=code, language="python", run_timeout=3))
+        assert answer.run_result is not None and answer.run_result.status.value == "TimeLimitExceeded"
+        assert answer.run_result.stdout == "wrote\n"
+        runs_root = Path(box.engine.runs_root.path)  # type: ignore[union-attr]
+        # (The relay drops the root once every process of the run is dead: a moment after the answer.)
+        deadline = time.monotonic() + 15
+        while not holds_no_layers(runs_root) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert holds_no_layers(runs_root), sorted(str(p) for p in runs_root.rglob("*"))
+        assert not list(runs_root.glob("kept-*/u/var"))
     finally:
         box.close()
     assert list(tmp_path.iterdir()) == []

@@ -186,9 +186,19 @@ def test_a_runs_root_holds_no_layers_with_only_its_own_files_and_kept_roots(tmp_
     (kept / "u").mkdir()
     (kept / "w").mkdir()
     assert holds_no_layers(tmp_path)
+    (kept / "u" / "tmp").mkdir()  # the way down to the runs' dirs
+    assert holds_no_layers(tmp_path)
     (kept / "stray").touch()
     assert not holds_no_layers(tmp_path)
     (kept / "stray").unlink()
+    (kept / "u" / "var").mkdir()  # a run wrote outside its dir, and its root was not dropped
+    (kept / "u" / "var" / "hog").touch()
+    assert not holds_no_layers(tmp_path)
+    (kept / "u" / "var" / "hog").unlink()
+    (kept / "u" / "var").rmdir()
+    (kept / "u" / "tmp" / "left").touch()
+    assert not holds_no_layers(tmp_path)
+    (kept / "u" / "tmp" / "left").unlink()
     request = tmp_path / "0123456789abcdef"  # a request's layers, left behind
     request.mkdir()
     assert not holds_no_layers(tmp_path)
