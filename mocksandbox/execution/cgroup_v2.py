@@ -58,7 +58,6 @@ import fnmatch
 import itertools
 import os
 import secrets
-import signal
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -70,7 +69,7 @@ from mocksandbox.execution.budget import (
     own_cgroups,
     plan_memory_budget,
 )
-from mocksandbox.execution.confinement import DRAIN_BOUND_S, JailPool, _lock_parent, _read
+from mocksandbox.execution.confinement import DRAIN_BOUND_S, JailPool, _lock_parent, _read, kill_members
 
 #: The controllers that bound runs: without both, v2 confinement is not offered.
 LIMIT_CONTROLLERS: tuple[str, ...] = ("pids", "memory")
@@ -348,11 +347,7 @@ class CgroupV2Jail:
         procs = self.procs_files[0]
         try:
             freeze(self._fs, self.directory, True)
-            for pid in _procs(procs):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            kill_members(_procs(procs), lambda: _procs(procs))
         finally:
             freeze(self._fs, self.directory, False, within=0)
 

@@ -109,6 +109,52 @@ def _set_memory_limit(group: Path, limit: int) -> None:
         _write(memsw, str(limit))
 
 
+#: How many pidfds :func:`kill_members` holds at once (a fork bomb's pids may outnumber the fds a
+#: process may open).
+_PIDFDS_AT_ONCE = 256
+
+
+def kill_members(pids: list[int], members: Callable[[], list[int]]) -> None:
+    """SIGKILL each of ``pids`` (read off a cgroup's ``cgroup.procs``) that is still a member of
+    that group, as ``members`` reads it again.
+
+    Not ``kill(pid)``: once a member dies, its pid may go to a process anywhere on the host (a fork
+    bomb's churn wraps the pid space within a second), which a plain kill would then reach. So
+    each pid is opened as a pidfd first (which names one process for good), the group's members
+    are read again, and a pidfd is signalled only if its pid is still among them: the process it
+    names was then the member holding that pid (or it has died since, and the signal goes
+    nowhere). Where the kernel has no pidfds (before Linux 5.3), a plain kill."""
+    for start in range(0, len(pids), _PIDFDS_AT_ONCE):
+        opened: dict[int, int] = {}
+        try:
+            for pid in pids[start : start + _PIDFDS_AT_ONCE]:
+                try:
+                    opened[pid] = os.pidfd_open(pid)
+                except ProcessLookupError:
+                    continue  # gone already
+                except OSError as exc:
+                    if exc.errno != errno.ENOSYS:
+                        raise
+                    _kill_quietly(pid)  # no pidfds here
+            still = set(members()) if opened else set()
+            for pid, fd in opened.items():
+                if pid in still:
+                    try:
+                        signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+        finally:
+            for fd in opened.values():
+                os.close(fd)
+
+
+def _kill_quietly(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def _read(path: str) -> bytes:
     """A small control file's contents, with plain system calls (several per run: pathlib and io
     objects would cost more than the reads)."""
@@ -190,11 +236,7 @@ class CgroupJail:
                     time.sleep(0.001)
             except OSError:
                 pass
-            for pid in self._pids():
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            kill_members(self._pids(), self._pids)
             try:
                 _write(freezer, "THAWED")
             except OSError:
