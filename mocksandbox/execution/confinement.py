@@ -392,9 +392,41 @@ def _remove_stale_parents(home: Path) -> None:
         except OSError:
             continue  # alive (or not ours to judge): left alone
         try:
+            _end_stale_runs(parent)
             _remove_dir_tree(parent)
         finally:
             os.close(lock)
+
+
+def _end_stale_runs(parent: Path, within: float = 5.0) -> None:
+    """Kill what the runs of a dead server (killed with SIGKILL mid-run) left in their groups
+    under ``parent``: with no PID namespace of their own (isolation ``none``) nothing else ends
+    them, and a fork bomb among them would hold its ``pids.max`` and its CPU for good. Frozen
+    first where this is the freezer's hierarchy, so that nothing forks while it is killed."""
+    for run in parent.glob("run-*"):
+        procs = str(run / "cgroup.procs")
+
+        def members(procs: str = procs) -> list[int]:
+            try:
+                return [int(p) for p in _read(procs).split()]
+            except OSError:
+                return []
+
+        freezer = run / "freezer.state"
+        deadline = time.monotonic() + within
+        while (pids := members()) and time.monotonic() < deadline:
+            try:
+                if freezer.exists():
+                    _write(freezer, "FROZEN")
+            except OSError:
+                pass
+            kill_members(pids, members)
+            try:
+                if freezer.exists():
+                    _write(freezer, "THAWED")
+            except OSError:
+                pass
+            time.sleep(0.01)
 
 
 def _lock_parent(parent: Path) -> int:
@@ -520,6 +552,12 @@ class ProcessGroupJail:
 
     def attach(self, pid: int) -> None:
         self.leader_pid = pid
+
+    def leader_reaped(self) -> None:
+        """The run's first process has exited and been reaped (its relay killed its group first):
+        its pid, and so its group's id, may now be another process's anywhere on the host, which
+        :meth:`kill_all` must not reach. Nothing of the run is left to find through it."""
+        self.leader_pid = None
 
     def _snapshot(self) -> None:
         if self.leader_pid is None:

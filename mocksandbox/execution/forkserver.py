@@ -382,7 +382,23 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
 
 
 def _wait_for(pid: int) -> int:
-    """The wait status of our child ``pid``."""
+    """The wait status of our child ``pid`` (a run on the host), once what it left in its process
+    group is killed. That is done here, while the program is a zombie not yet reaped: until then
+    its pid, which is its group's id, cannot go to another process. Once reaped, a kill of the
+    group by that id (as the server's process-group jail would make) could reach whoever took
+    the number, anywhere on the host."""
+    while True:
+        try:
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+            break
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            return 255 << 8
+    try:
+        os.killpg(pid, _signal.SIGKILL)
+    except OSError:
+        pass  # (only the zombie was left: nothing to kill)
     while True:
         try:
             return os.waitpid(pid, 0)[1]

@@ -361,6 +361,8 @@ class ProcessRunner:
                 # The relay closes the status pipe right after reporting; once it has, it is ready
                 # for another run.
                 self._wait_for_relay(selector, status_fd, status, streams)
+            if status.wait_status is not None and isinstance(jail, ProcessGroupJail):
+                jail.leader_reaped()
             # The run is over: nothing it started may outlive it (or keep our pipes open).
             if isinstance(jail, ProcessGroupJail) and not by_pid:
                 if timed_out:

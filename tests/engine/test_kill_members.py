@@ -8,12 +8,18 @@ re-read of ``cgroup.procs`` would.
 from __future__ import annotations
 
 import subprocess
+import uuid
 from collections.abc import Iterator
 
 import pytest
 
 from mocksandbox.execution import confinement
-from mocksandbox.execution.confinement import kill_members
+from mocksandbox.execution.confinement import (
+    CgroupConfinement,
+    ProcessGroupJail,
+    kill_members,
+    own_cgroup_dir,
+)
 
 
 @pytest.fixture
@@ -55,3 +61,45 @@ def test_more_pids_than_it_holds_pidfds_for_at_once(
     pids = [p.pid for p in sleepers]
     kill_members(pids, lambda: pids)
     assert [p.wait(timeout=10) for p in sleepers] == [-9, -9, -9]
+
+
+def test_a_process_group_jail_leaves_the_group_of_a_reaped_leader_alone() -> None:
+    """Once the relay says the run's first process exited (and reaped it), its pid, the group's
+    id, may be another process's: here a stranger leading a group of that id, which the jail's
+    kill must not reach."""
+    stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        jail = ProcessGroupJail()
+        jail.attach(stranger.pid)  # the number the run's leader had
+        jail.leader_reaped()
+        jail.kill_all()
+        jail.close()
+        assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_the_next_server_ends_what_a_killed_servers_runs_left_running() -> None:
+    """A server killed mid-run (SIGKILL, isolation none) leaves its runs' processes in their
+    groups; the next server, finding those groups' owner dead, kills them before it removes the
+    groups."""
+    if not CgroupConfinement.available():
+        pytest.skip("cgroup v1 pids/memory/freezer controllers are not writable here")
+    name = f"mocksandbox-0-0-{uuid.uuid4().hex[:8]}"  # nobody holds its lock: a dead server's
+    runs = [own_cgroup_dir(c) / name / "run-0" for c in ("pids", "memory", "freezer")]
+    left = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        for run in runs:
+            run.mkdir(parents=True)
+            (run / "cgroup.procs").write_text(str(left.pid))
+        CgroupConfinement(max_processes=16, max_memory_mb=64).close()
+        assert left.wait(timeout=10) == -9
+        assert not any(run.parent.exists() for run in runs)
+    finally:
+        left.kill()
+        left.wait()
+        for run in runs:  # (if the test failed: its own groups go)
+            for path in (run, run.parent):
+                if path.exists():
+                    path.rmdir()
