@@ -123,7 +123,8 @@ def kill_members(pids: list[int], members: Callable[[], list[int]]) -> None:
     each pid is opened as a pidfd first (which names one process for good), the group's members
     are read again, and a pidfd is signalled only if its pid is still among them: the process it
     names was then the member holding that pid (or it has died since, and the signal goes
-    nowhere). Where the kernel has no pidfds (before Linux 5.3), a plain kill."""
+    nowhere). Where the kernel has no pidfds (before Linux 5.3), or this process has no fd left for
+    one, a plain kill."""
     for start in range(0, len(pids), _PIDFDS_AT_ONCE):
         opened: dict[int, int] = {}
         try:
@@ -133,9 +134,11 @@ def kill_members(pids: list[int], members: Callable[[], list[int]]) -> None:
                 except ProcessLookupError:
                     continue  # gone already
                 except OSError as exc:
-                    if exc.errno != errno.ENOSYS:
+                    if exc.errno not in (errno.ENOSYS, errno.EMFILE, errno.ENFILE):
                         raise
-                    _kill_quietly(pid)  # no pidfds here
+                    # No pidfds here (or none left to this process): a plain kill, rather than
+                    # none, which would leave a fork bomb running.
+                    _kill_quietly(pid)
             still = set(members()) if opened else set()
             for pid, fd in opened.items():
                 if pid in still:
