@@ -69,7 +69,14 @@ from mocksandbox.execution.budget import (
     own_cgroups,
     plan_memory_budget,
 )
-from mocksandbox.execution.confinement import DRAIN_BOUND_S, JailPool, _lock_parent, _read, kill_members
+from mocksandbox.execution.confinement import (
+    DRAIN_BOUND_S,
+    JailPool,
+    _lock_parent,
+    _procs,
+    _read,
+    kill_members,
+)
 
 #: The controllers that bound runs: without both, v2 confinement is not offered.
 LIMIT_CONTROLLERS: tuple[str, ...] = ("pids", "memory")
@@ -149,14 +156,6 @@ def _frozen(events: str) -> bool:
         return b"frozen 1" in _read(events)
     except OSError:
         return False
-
-
-def _procs(procs_file: str) -> list[int]:
-    """The pids in a ``cgroup.procs`` (0: a process this PID namespace cannot see)."""
-    try:
-        return [int(p) for p in _read(procs_file).split() if p != b"0"]
-    except OSError:
-        return []
 
 
 def _wait(condition: Callable[[], bool], within: float) -> bool:

@@ -158,6 +158,41 @@ def _kill_quietly(pid: int) -> None:
         pass
 
 
+def _procs(procs_file: str) -> list[int]:
+    """The pids in a ``cgroup.procs`` (0: a process this PID namespace cannot see), or none if it
+    cannot be read (the group is gone)."""
+    try:
+        return [int(p) for p in _read(procs_file).split() if p != b"0"]
+    except OSError:
+        return []
+
+
+def _kill_group(procs_file: str, freezer_state: Path | None, within: float) -> None:
+    """Kill every process of the v1 group whose ``cgroup.procs`` is ``procs_file`` (frozen first,
+    where ``freezer_state`` is given), until none is left or ``within`` seconds have passed."""
+    deadline = time.monotonic() + within
+    while _procs(procs_file) and time.monotonic() < deadline:
+        # Freeze first so that nothing can fork while we kill: a fork bomb cannot outrun us.
+        if freezer_state is not None:
+            try:
+                _write(freezer_state, "FROZEN")
+                freeze_deadline = time.monotonic() + 1.0
+                while freezer_state.read_text().strip() != "FROZEN" and time.monotonic() < freeze_deadline:
+                    time.sleep(0.001)
+            except OSError:
+                pass
+        kill_members(_procs(procs_file), lambda: _procs(procs_file))
+        if freezer_state is not None:
+            try:
+                _write(freezer_state, "THAWED")
+            except OSError:
+                pass
+        # Killed processes leave the cgroup as soon as they are thawed and die.
+        settle = time.monotonic() + 1.0
+        while _procs(procs_file) and time.monotonic() < settle:
+            time.sleep(0.001)
+
+
 def _read(path: str) -> bytes:
     """A small control file's contents, with plain system calls (several per run: pathlib and io
     objects would cost more than the reads)."""
@@ -216,11 +251,7 @@ class CgroupJail:
         return self
 
     def _pids(self) -> list[int]:
-        try:
-            text = _read(self._freezer_procs)
-        except OSError:
-            return []
-        return [int(p) for p in text.split()]
+        return _procs(self._freezer_procs)
 
     def kill_all(self) -> None:
         if self._found_empty:
@@ -228,26 +259,7 @@ class CgroupJail:
         if not self._pids():
             self._found_empty = True
             return
-        freezer = self._dirs["freezer"] / "freezer.state"
-        deadline = time.monotonic() + 10.0
-        while self._pids() and time.monotonic() < deadline:
-            # Freeze first so that nothing can fork while we kill: a fork bomb cannot outrun us.
-            try:
-                _write(freezer, "FROZEN")
-                freeze_deadline = time.monotonic() + 1.0
-                while freezer.read_text().strip() != "FROZEN" and time.monotonic() < freeze_deadline:
-                    time.sleep(0.001)
-            except OSError:
-                pass
-            kill_members(self._pids(), self._pids)
-            try:
-                _write(freezer, "THAWED")
-            except OSError:
-                pass
-            # Killed processes leave the cgroup as soon as they are thawed and die.
-            settle = time.monotonic() + 1.0
-            while self._pids() and time.monotonic() < settle:
-                time.sleep(0.001)
+        _kill_group(self._freezer_procs, self._dirs["freezer"] / "freezer.state", within=10.0)
 
     def close(self) -> None:
         """Kill what is left, wait until the group charges nothing, and hand it back: to the pool
@@ -407,29 +419,8 @@ def _end_stale_runs(parent: Path, within: float = 5.0) -> None:
     them, and a fork bomb among them would hold its ``pids.max`` and its CPU for good. Frozen
     first where this is the freezer's hierarchy, so that nothing forks while it is killed."""
     for run in parent.glob("run-*"):
-        procs = str(run / "cgroup.procs")
-
-        def members(procs: str = procs) -> list[int]:
-            try:
-                return [int(p) for p in _read(procs).split()]
-            except OSError:
-                return []
-
         freezer = run / "freezer.state"
-        deadline = time.monotonic() + within
-        while (pids := members()) and time.monotonic() < deadline:
-            try:
-                if freezer.exists():
-                    _write(freezer, "FROZEN")
-            except OSError:
-                pass
-            kill_members(pids, members)
-            try:
-                if freezer.exists():
-                    _write(freezer, "THAWED")
-            except OSError:
-                pass
-            time.sleep(0.01)
+        _kill_group(str(run / "cgroup.procs"), freezer if freezer.exists() else None, within)
 
 
 def _lock_parent(parent: Path) -> int:
