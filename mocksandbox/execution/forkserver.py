@@ -504,8 +504,10 @@ def _report_launch_error(status_fd: int, error: int | None) -> None:
         pass
 
 
-def _become_subreaper() -> bool:
-    """Make the launcher the reaper of its runs' orphans (Linux ``PR_SET_CHILD_SUBREAPER``)."""
+def become_subreaper() -> bool:
+    """Make this process the reaper of its descendants' orphans (Linux ``PR_SET_CHILD_SUBREAPER``):
+    a process whose parent dies is handed to it, not to the host's init. False where the kernel
+    or libc refuses."""
     if ctypes is None:
         return False
     try:
@@ -1732,7 +1734,7 @@ def _serve(sock: _socket.socket) -> None:
     gc.freeze()
     # Relays, and the orphans handed to the subreaper, are reaped by the kernel as they die.
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-    _become_subreaper()
+    become_subreaper()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's Ctrl-C is the server's business
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     warmer = _CgroupLockWarmer()

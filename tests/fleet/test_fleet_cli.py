@@ -49,6 +49,43 @@ def _local_ray_env() -> dict[str, str]:
     return env
 
 
+_ORPHANS_AND_A_CHILD_THAT_STAYS = """
+import subprocess
+from mocksandbox.execution.forkserver import become_subreaper
+from mocksandbox.serving.fleet import end_descendants
+assert become_subreaper()
+# Two orphans, as a raylet's workers are when the raylet exits first, and a child that does not
+# exit on its own.
+subprocess.run(["sh", "-c", "sleep 300 & sleep 300 & exit 0"], check=True)
+stays = subprocess.Popen(["sleep", "300"])
+print(len(end_descendants(grace_s=0.5)), flush=True)
+"""
+
+
+def test_a_stopped_local_fleet_ends_and_reaps_what_its_processes_left() -> None:
+    """What `serve --ray` does after ``ray.shutdown``, without Ray: orphans handed to the
+    subreaper and a child that outlives the grace are ended and reaped; nothing of the session
+    is left, not even a zombie."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _ORPHANS_AND_A_CHILD_THAT_STAYS],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert out.split() == ["3"]  # the two orphans and the child that stayed
+        leftover = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout
+        assert leftover.split() == []
+    finally:
+        subprocess.run(["pkill", "-KILL", "-s", str(proc.pid)], capture_output=True)
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")
 def test_serve_ray_starts_a_local_fleet_and_ctrl_c_takes_it_all_down() -> None:

@@ -153,7 +153,7 @@ class Fleet(ControlHandle):
             except Exception:
                 pass  # already gone
             if self._owns_ray:
-                ray.shutdown()  # Serve with it
+                ray.shutdown(wait_for_processes=True)  # Serve with it; its raylet and GCS gone
             elif self._owns_serve:
                 serve.shutdown()
 
@@ -485,6 +485,12 @@ def serve_fleet(
     if settings.worker_count() > 1:
         print("mocksandbox: --workers and --ray do not combine: use --replicas N", file=sys.stderr)
         return 2
+    if address is None:
+        # A local Ray instance is this process's: its raylet's workers are handed to it, not to
+        # init, when the raylet goes first, so that the stop below can end and reap every one.
+        from mocksandbox.execution.forkserver import become_subreaper
+
+        become_subreaper()
     try:
         fleet = deploy(
             settings,
@@ -527,4 +533,35 @@ def serve_fleet(
     finally:
         print("\nmocksandbox: stopping the fleet", flush=True)
         fleet.stop()
+        if address is None:
+            end_descendants()
     return 0
+
+
+def end_descendants(grace_s: float = 5.0) -> list[int]:
+    """End and reap every process this one started that is still there (the pids it found).
+
+    ``ray.shutdown`` stops the raylet and GCS gracefully and waits for them, but not for the
+    raylet's workers: an actor's worker can still be exiting, or be a zombie nobody reaped, when
+    the driver returns. As their subreaper (see :func:`serve_fleet`), this process waits
+    ``grace_s`` for them to exit, kills what is left, and reaps them all, so that a stopped local
+    fleet leaves no process behind, not even a zombie of the host's init.
+    """
+    import psutil
+
+    me = psutil.Process()
+    found: set[int] = set()
+    deadline = time.monotonic() + grace_s
+    while True:
+        left = me.children(recursive=True)
+        if not left:
+            return sorted(found)
+        found.update(p.pid for p in left)
+        if time.monotonic() > deadline:
+            for process in left:
+                try:
+                    process.kill()  # psutil checks the pid is still that process first
+                except psutil.Error:
+                    pass
+        # A child's wait reaps it; a grandchild becomes a child when its parent dies.
+        psutil.wait_procs(left, timeout=0.1)
