@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import errno
 import fnmatch
+import functools
 import itertools
 import os
 import secrets
@@ -240,8 +241,8 @@ def unavailable_reason(
 
 
 def _remove_subtree(fs: CgroupFs, subtree: Path) -> bool:
-    """``rmdir`` a server's subtree from the leaves up (nothing is moved or killed); whether it
-    is gone. A group that still holds a process is left, and so is everything above it."""
+    """``rmdir`` a server's subtree from the leaves up (nothing is moved or killed here); whether
+    it is gone. A group that still holds a process is left, and so is everything above it."""
     for run in subtree.glob(f"{RUNS_DIR}/run-*"):
         _rmdir_quietly(fs, run)
     for leaf in (subtree / RUNS_DIR, subtree / SERVER_LEAF):
@@ -259,10 +260,40 @@ def _rmdir_quietly(fs: CgroupFs, path: Path) -> bool:
     return True
 
 
+def _end_dead_runs(fs: CgroupFs, subtree: Path, within: float = 5.0, use_kill: bool | None = None) -> None:
+    """Kill what the runs of a dead server (killed with SIGKILL mid-run) left in ``runs/``: with
+    no PID namespace of their own (isolation ``none``) nothing else ends them, and a fork bomb
+    among them would hold its ``pids.max`` and its CPU for good. One ``cgroup.kill`` of ``runs``
+    takes every run's group below it; before Linux 5.14, each run's group is frozen and killed.
+    The server's own leaf is left alone: what is there is not a run's. (``use_kill``: whether
+    to use ``cgroup.kill``; by default, where the kernel has it.)"""
+    runs = subtree / RUNS_DIR
+    events = str(runs / "cgroup.events")
+    if not _populated(events):
+        return
+    if use_kill is None:
+        use_kill = (runs / "cgroup.kill").exists()
+    try:
+        if use_kill:
+            fs.write(runs / "cgroup.kill", "1")
+        else:
+            for run in runs.glob("run-*"):
+                procs = str(run / "cgroup.procs")
+                try:
+                    freeze(fs, run, True)
+                    kill_members(_procs(procs), functools.partial(_procs, procs))
+                finally:
+                    freeze(fs, run, False, within=0)
+    except OSError:
+        pass  # gone meanwhile
+    _wait(lambda: not _populated(events), within)
+
+
 def reclaim_dead_subtrees(fs: CgroupFs, home: Path) -> list[Path]:
     """Remove the subtrees under ``home`` of mocksandbox servers that died without cleaning up
-    (SIGKILL, OOM): those whose lock can be taken. Pids are no guide (in a container the next
-    server has the dead one's pid). Returns what was removed."""
+    (SIGKILL, OOM): those whose lock can be taken, once what their runs left running is killed.
+    Pids are no guide (in a container the next server has the dead one's pid). Returns what was
+    removed."""
     removed = []
     for subtree in home.glob(f"{SUBTREE_PREFIX}*"):
         try:
@@ -270,6 +301,7 @@ def reclaim_dead_subtrees(fs: CgroupFs, home: Path) -> list[Path]:
         except OSError:
             continue  # alive (its server holds the lock), or removed meanwhile
         try:
+            _end_dead_runs(fs, subtree)
             if _remove_subtree(fs, subtree):
                 removed.append(subtree)
         finally:

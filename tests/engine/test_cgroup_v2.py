@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import secrets
 import shutil
@@ -655,15 +656,19 @@ def test_a_server_sharing_its_cgroup_is_refused_and_moved_back(controller_home: 
         sleeper.wait()
 
 
-#: A server that dies without cleaning up (SIGKILL), leaving a run's group and a process of its own
-#: (a ``sleep``, orphaned to the namespace's PID 1) in its leaf.
+#: A server that dies without cleaning up (SIGKILL), leaving a run's group with what the run left
+#: running in it, and a process of its own in its leaf (each a ``sleep``, orphaned to the
+#: namespace's PID 1).
 _DEAD_SERVER = textwrap.dedent(
     """
     import os, signal, subprocess, sys, time
     if os.fork() == 0:
         from mocksandbox.execution.cgroup_v2 import CgroupV2Confinement
         box = CgroupV2Confinement(64, 256, controllers=())
-        box.new_jail()
+        jail = box.new_jail()
+        run = subprocess.Popen(["sleep", "600"])
+        with open(jail.procs_files[0], "w") as procs:
+            procs.write(str(run.pid))
         left = subprocess.Popen(["sleep", "600"])
         print(box.subtree, left.pid, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
@@ -678,9 +683,17 @@ _DEAD_SERVER = textwrap.dedent(
 
 @needs_v2
 @needs_unshare
-def test_a_dead_servers_subtree_is_reclaimed_without_moving_anything(
-    confinement: CgroupV2Confinement,
+@pytest.mark.parametrize("kill", ["cgroup.kill", "freeze and kill"])
+def test_a_dead_servers_subtree_is_reclaimed_its_runs_killed_and_nothing_moved(
+    confinement: CgroupV2Confinement, kill: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """What a dead server's run left running is killed (with ``cgroup.kill``, or frozen and
+    killed where the kernel has none) and its groups go; its leaf's process is neither killed nor
+    moved, and the leaf goes once it is empty."""
+    if kill != "cgroup.kill":
+        monkeypatch.setattr(
+            cgroup_v2, "_end_dead_runs", functools.partial(cgroup_v2._end_dead_runs, use_kill=False)
+        )
     assert UNSHARE is not None
     env = {**os.environ, "PYTHONPATH": str(Path(mocksandbox.__file__).parent.parent)}
     outer = subprocess.Popen(
@@ -696,7 +709,10 @@ def test_a_dead_servers_subtree_is_reclaimed_without_moving_anything(
         server_leaf = dead / "server"
         _wait_for(lambda: len((server_leaf / "cgroup.procs").read_text().split()) == 1)  # the sleep
         left_behind = (server_leaf / "cgroup.procs").read_text()
-        # Its runs go; its leaf, still holding a process, stays, and the process is not moved.
+        run_procs = next(dead.glob("runs/run-*")) / "cgroup.procs"
+        assert len(run_procs.read_text().split()) == 1  # what its run left running
+        # Its runs are killed and go; its leaf, still holding a process, stays, and the process is
+        # not moved.
         assert reclaim_dead_subtrees(CgroupFs(), confinement.home) == []
         assert not (dead / "runs").exists()
         assert (server_leaf / "cgroup.procs").read_text() == left_behind
