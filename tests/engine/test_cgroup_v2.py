@@ -50,6 +50,10 @@ from mocksandbox.execution.world import lite_unavailable_reason
 from mocksandbox.models import RunCodeRequest, RunStatus
 from mocksandbox.settings import load_settings
 
+#: One worker runs them all, one after another: the real-hierarchy tests share one home, where each
+#: confinement made reclaims every dead subtree it finds, another test's included.
+pytestmark = pytest.mark.xdist_group("cgroup-v2")
+
 # -- a fake cgroup v2 tree ---------------------------------------------------------------------------
 
 _CORE_FILES = ("cgroup.procs", "cgroup.subtree_control", "cgroup.events", "cgroup.kill", "cgroup.freeze")
