@@ -629,6 +629,7 @@ def _start_lite(
             confinement.delegate_runs_to(run_uid, run_uid)
         launcher = Launcher(settings.python, env, world)
         launcher.after_close.append(runs_root.close)
+        launcher.after_relay_lost.append(runs_root.reclaim_dropped_kept_roots)
         if "runs_root" in world:
             launcher.after_start.append(runs_root.seen_through)
         launcher.start()

@@ -1252,6 +1252,8 @@ class _World:
     def enter(self, cwd: str) -> None:
         """In the forked program: into the run's root, with the kept capabilities only."""
         _signal.signal(_signal.SIGIO, _signal.SIG_DFL)  # the relay's, not the program's
+        if self.kept is not None:
+            os.close(self.kept.lock)  # the relay's to hold (a program could unlock it)
         os.chroot(self.current)
         os.chdir(cwd)
         self.calls.set_command_line()
@@ -1339,16 +1341,29 @@ class _KeptRoot:
 
     def __init__(self, world: "_World", runs_dir: str) -> None:
         self.world = world
-        self.base = f"{runs_dir}/kept-{os.urandom(6).hex()}"
-        os.mkdir(self.base, 0o700)
-        os.mkdir(self.base + "/u", 0o755)
-        os.mkdir(self.base + "/w", 0o700)
-        self.upper = self.base + "/u"
-        self.root = world.scratch + "/kept"
+        name = os.urandom(6).hex()
+        # Made under another name, locked, then named kept-*: the server removes a kept-* whose
+        # lock nobody holds (its relay was killed from outside and could not drop it), and must
+        # never find one not locked yet. The lock is held for the relay's life (a forked program
+        # closes its copy: World.enter).
+        building = f"{runs_dir}/.kept-{name}"
+        os.mkdir(building, 0o700)
         try:
+            self.lock = os.open(building + "/lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            _fcntl.flock(self.lock, _fcntl.LOCK_EX | _fcntl.LOCK_NB)
+            self.base = f"{runs_dir}/kept-{name}"
+            os.rename(building, self.base)
+        except OSError:
+            _remove_tree(building)
+            raise
+        try:
+            os.mkdir(self.base + "/u", 0o755)
+            os.mkdir(self.base + "/w", 0o700)
+            self.upper = self.base + "/u"
+            self.root = world.scratch + "/kept"
             world._mount_overlay(self.root, [], self.upper, self.base + "/w", {})
         except OSError:
-            _remove_tree(self.base)
+            self._remove()
             raise
         self.born = time.monotonic()
         self.runs = 0
@@ -1414,7 +1429,14 @@ class _KeptRoot:
             self.world.calls.umount(self.root)
         except OSError:
             pass
+        self._remove()
+
+    def _remove(self) -> None:
         _remove_tree(self.base)
+        try:
+            os.close(self.lock)  # (after: the server removes no dir while it is locked)
+        except OSError:
+            pass
 
 
 def _remove_tree(path: str) -> None:

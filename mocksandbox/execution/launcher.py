@@ -34,6 +34,9 @@ class Launcher:
         self.world = dict(world) if world is not None else None
         #: Called by :meth:`close` after the launcher stopped (what its relays' worlds rest on).
         self.after_close: list[Callable[[], None]] = []
+        #: Called when a relay was found gone, or was let go in the middle of a run: it may have
+        #: died without cleaning up after itself (killed from outside).
+        self.after_relay_lost: list[Callable[[], object]] = []
         #: Called with the launcher's pid each time one has started and is ready.
         self.after_start: list[Callable[[int], None]] = []
         self._lock = threading.Lock()
@@ -129,6 +132,7 @@ class Launcher:
                 return relay
             except OSError:
                 self._close_relay(relay)  # it died between runs (killed from outside): try another
+                self._relay_lost()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         if in_world:
             with self._lock:
@@ -157,6 +161,12 @@ class Launcher:
                 idle.append(relay)
                 return
         self._close_relay(relay)
+        if not reusable:
+            self._relay_lost()
+
+    def _relay_lost(self) -> None:
+        for callback in self.after_relay_lost:
+            callback()
 
     def _send_to_launcher(self, message: bytes, ancillary: list[tuple[int, int, array.array[int]]]) -> None:
         with self._lock:

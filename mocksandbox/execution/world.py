@@ -307,7 +307,7 @@ _SCRATCH_DIR = ".world"
 #: The roots relays keep from run to run: ``kept-<random>/u`` (an upper layer) and ``/w`` (its
 #: work dir). The launcher (``forkserver.py``, which imports nothing of the package) makes them.
 _KEPT_ROOT_PREFIX = "kept-"
-_KEPT_ROOT_PARTS = frozenset({"u", "w"})
+_KEPT_ROOT_PARTS = frozenset({"u", "w", "lock"})
 #: Beside a runs' dir: locked while its server lives (``RunsRoot``).
 _ALIVE_SUFFIX = ".lock"
 _UMOUNT_DETACH = 2
@@ -395,6 +395,23 @@ class RunsRoot:
         if self.access is not None and path.startswith(self.access):
             return self.path + path[len(self.access) :]
         return path
+
+    def reclaim_dropped_kept_roots(self) -> list[str]:
+        """Remove the roots kept by relays that died without dropping them (killed from outside:
+        a relay drops its own when it leaves): the ``kept-*`` dirs whose ``lock`` nobody holds.
+        What a run wrote outside its dir is in there, on the runs' tmpfs. Returns what went."""
+        base = self.access or self.path
+        removed: list[str] = []
+        try:
+            names = [n for n in os.listdir(base) if n.startswith(_KEPT_ROOT_PREFIX)]
+        except OSError:
+            return removed
+        for name in names:
+            kept = os.path.join(base, name)
+            if _stale_by_lock(os.path.join(kept, "lock")):
+                shutil.rmtree(kept, ignore_errors=True)
+                removed.append(kept)
+        return removed
 
     def close(self) -> None:
         """Unmount the tmpfs (lazily: a run still being torn down keeps it until it is gone).

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from mocksandbox.core import MockSandbox
@@ -173,3 +174,22 @@ def test_a_timed_out_run_leaves_nothing_of_what_it_wrote_outside_its_dir(
     finally:
         box.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_root_of_a_relay_killed_from_outside_goes_at_the_next_run(sandbox: MockSandbox) -> None:
+    """A relay drops its kept root when it leaves; one killed from outside (SIGKILL: the OOM
+    killer, an operator) cannot. The server finds such a relay gone when it hands it the next
+    run, and removes every ``kept-*`` whose lock nobody holds any more, and no other."""
+    run(sandbox, "print(1)")
+    (before,) = kept_roots(sandbox)
+    launcher = sandbox.engine.runner.launcher  # type: ignore[attr-defined]
+    relays = psutil.Process(launcher.pid).children()
+    assert relays
+    for relay in relays:
+        relay.kill()
+    psutil.wait_procs(relays, timeout=10)
+    assert kept_roots(sandbox) == [before]  # nobody dropped it
+    assert run(sandbox, "print(2)") == "2\n"
+    after = kept_roots(sandbox)
+    assert before not in after
+    assert len(after) == 1  # the next run's relay's own, locked: left alone
