@@ -28,12 +28,15 @@ from mocksandbox.execution.syscall_filter import FilterUnavailable, compile_run_
 from mocksandbox.execution.workdirs import WorkdirPool
 from mocksandbox.execution.world import (
     KEPT_CAPABILITIES,
+    RUN_DIRS,
     RUN_UID_COUNT,
     RUNS_TMPFS_SIZE,
     HostWorkspace,
     Isolation,
+    KeptRootWorkspace,
     LayeredWorkspace,
     RunsRoot,
+    Workspace,
     hidden_credential_paths,
     hidden_system_secrets,
     is_credential_variable,
@@ -159,6 +162,13 @@ class ExecutionEngine:
         self._cpp_flags_lock = threading.Lock()
         #: Each run's temp dir; an empty one is kept for the next run (workdirs.py).
         self.workdirs = WorkdirPool(settings.tmp_root)
+        #: Under isolation lite, where relays keep roots (not in a user namespace of the server's
+        #: own, where each run mounts the host's top dirs itself): the dirs of the runs they keep
+        #: roots for, on the runs' tmpfs (``KeptRootWorkspace``).
+        self._kept_run_dirs: WorkdirPool | None = None
+        if runs_root is not None and world is not None and ("mapped_roots" in world or "userns" not in world):
+            os.mkdir(os.path.join(runs_root.path, RUN_DIRS), 0o700)
+            self._kept_run_dirs = WorkdirPool(os.path.join(runs_root.path, RUN_DIRS), check_xattrs=True)
         # SandboxFusion's runtime libraries (mocksandbox.runtime): each language's environment
         # with them is worked out once, so runs of a language share one mapping.
         self.runtime = RuntimeDir(settings.runtime_dir)
@@ -174,6 +184,8 @@ class ExecutionEngine:
     def close(self) -> None:
         """Remove the temp dirs kept for later runs (the runs' tmpfs goes with the launcher)."""
         self.workdirs.close()
+        if self._kept_run_dirs is not None:
+            self._kept_run_dirs.close()
 
     def run_code(self, request: RunCodeRequest) -> RunCodeResponse:
         """Answer one validated request as SandboxFusion would; never raises."""
@@ -218,7 +230,7 @@ class ExecutionEngine:
         if "cpp_flags" in spec.needs:
             placeholders["cpp_flags"] = " ".join(map(shlex.quote, self._detect_cpp_flags()))
 
-        workspace = self.new_workspace()
+        workspace = self.new_workspace(kept_root=self._runs_in_a_kept_root(spec, request))
         workdir = workspace.cwd  # the run's path: the same on the host without isolation
         code_path: str | None = None
         try:
@@ -279,6 +291,17 @@ class ExecutionEngine:
             return compile_result, run_result, fetch_files(workspace, request.fetch_files)
         finally:
             workspace.close(code_path)
+
+    def _runs_in_a_kept_root(self, spec: LanguageSpec, request: RunCodeRequest) -> bool:
+        """Whether the request's run will be in a root its relay keeps, so that it needs no layers:
+        it keeps to its dir (:meth:`_keeps_to_its_dir`) and every one of its ``files`` is in it."""
+        if self._kept_run_dirs is None or not self._keeps_to_its_dir(spec, request):
+            return False
+        for name in request.files:
+            relative = os.path.normpath(name)
+            if os.path.isabs(relative) or relative == ".." or relative.startswith("../"):
+                return False
+        return True
 
     @staticmethod
     def _keeps_to_its_dir(spec: LanguageSpec, request: RunCodeRequest) -> bool:
@@ -345,11 +368,15 @@ class ExecutionEngine:
         if run_uid not in relay_uids:
             raise IsolationError(f"the start-up run's relay was not uid {run_uid} on the host ({relay_uids})")
 
-    def new_workspace(self) -> HostWorkspace | LayeredWorkspace:
-        """One request's files: a temp dir on the host, or (isolation lite) layers of its own."""
+    def new_workspace(self, kept_root: bool = False) -> Workspace:
+        """One request's files: a temp dir on the host, or (isolation lite) layers of its own, or
+        (``kept_root``: a request whose run its relay may run in a root it keeps, see
+        :meth:`_runs_in_a_kept_root`) its dir alone."""
         if self.runs_root is None:
             return HostWorkspace(self.workdirs.take(), self.workdirs)
         view_tmp_root = self.settings.tmp_root or tempfile.gettempdir()
+        if kept_root and self._kept_run_dirs is not None:
+            return KeptRootWorkspace(self._kept_run_dirs, self.runs_root, view_tmp_root)
         workspace = LayeredWorkspace(
             self.runs_root,
             view_tmp_root,
@@ -461,7 +488,7 @@ def _note_output_past_the_reader(result: CommandRunResult) -> None:
                 divergence.note(divergence.OUTPUT, divergence.output_note(name, size))
 
 
-def restore_files(workspace: str | HostWorkspace | LayeredWorkspace, files: Mapping[str, str | None]) -> None:
+def restore_files(workspace: str | Workspace, files: Mapping[str, str | None]) -> None:
     """Write ``files`` as SandboxFusion does: relative to the run's dir (absolute paths honoured,
     in the run's view), parents created, ``null`` values and names containing ``IGNORE_THIS_FILE``
     skipped. Bad base64 raises ``binascii.Error``, which becomes a SandboxError."""
@@ -482,7 +509,7 @@ def restore_files(workspace: str | HostWorkspace | LayeredWorkspace, files: Mapp
             workspace.write_file(os.path.join(workspace.cwd, name), data)
 
 
-def fetch_files(workspace: str | HostWorkspace | LayeredWorkspace, names: list[str]) -> dict[str, str]:
+def fetch_files(workspace: str | Workspace, names: list[str]) -> dict[str, str]:
     """Regular files among ``names`` as the run saw them, base64-encoded and keyed by the exact
     string asked for."""
     if isinstance(workspace, str):

@@ -306,6 +306,8 @@ _OWNER_FILE = ".owner"
 _SCRATCH_DIR = ".world"
 #: The roots relays keep from run to run: ``kept-<random>/u`` (an upper layer) and ``/w`` (its
 #: work dir). The launcher (``forkserver.py``, which imports nothing of the package) makes them.
+#: In the runs' tmpfs: the dirs of runs that relays run in their kept roots (``KeptRootWorkspace``).
+RUN_DIRS = "dirs"
 _KEPT_ROOT_PREFIX = "kept-"
 _KEPT_ROOT_PARTS = frozenset({"u", "w", "lock"})
 #: Beside a runs' dir: locked while its server lives (``RunsRoot``).
@@ -466,14 +468,27 @@ def _empty_dir(path: str) -> bool:
 
 def holds_no_layers(path: str | os.PathLike[str]) -> bool:
     """Whether the runs' tmpfs (or dir) at ``path`` holds no request's layers and nothing a run
-    left: only its ``.owner`` lock file, the relays' scratch mount point and the roots relays keep
-    from run to run (``kept-*``: each holds no more than its upper layer and work dir, as a relay
-    may be making or dropping one as this looks, and the upper layer only the dirs on the way to
-    the runs' dirs, one below the other: what every run of such a root must leave)."""
+    left: only its ``.owner`` lock file, the relays' scratch mount point, empty run dirs kept for
+    the next runs (``dirs/*``) and the roots relays keep from run to run (``kept-*``: each holds
+    no more than its upper layer, work dir and lock, as a relay may be making or dropping one as
+    this looks, and the upper layer only the dirs on the way to the runs' dirs, one below the
+    other: what every run of such a root must leave). ``False`` too where something went as
+    this looked (a relay takes a run's mount point out of its kept root after it has answered):
+    ask again."""
+    try:
+        return _holds_no_layers(path)
+    except FileNotFoundError:
+        return False
+
+
+def _holds_no_layers(path: str | os.PathLike[str]) -> bool:
     entries = list(os.scandir(path))
-    others = [e.name for e in entries if not e.name.startswith(_KEPT_ROOT_PREFIX)]
+    others = [e.name for e in entries if not e.name.startswith(_KEPT_ROOT_PREFIX) and e.name != RUN_DIRS]
     if sorted(others) != sorted([_OWNER_FILE, _SCRATCH_DIR]):
         return False
+    for run_dirs in (e for e in entries if e.name == RUN_DIRS):  # empty ones, kept for the next runs
+        if not all(_empty_dir(d.path) for d in os.scandir(run_dirs.path)):
+            return False
     for kept in (e for e in entries if e.name.startswith(_KEPT_ROOT_PREFIX)):
         if not kept.is_dir(follow_symlinks=False) or not set(os.listdir(kept.path)) <= _KEPT_ROOT_PARTS:
             return False
@@ -585,6 +600,64 @@ class _Found:
     host: str | None  # the file's path on the server (None: empty)
     #: For a dir: the layers to look further in, top first, as (host root, is the lower).
     layers: list[tuple[str, bool]] = field(default_factory=list)
+
+
+class KeptRootWorkspace:
+    """Isolation ``lite``, for a request that its relay runs in a root it keeps
+    (``forkserver._KeptRoot``): one command, every file in the run's dir, no ``fetch_files``, on a
+    host where relays keep roots. Such a run sees nothing of the request but its dir, which the
+    relay binds at ``cwd``: no layers are made for it. The dir comes from ``pool``, a
+    ``WorkdirPool`` of empty dirs on the runs' tmpfs (``<runs root>/dirs``), each under a fresh
+    ``tmpXXXXXXXX`` name, which is also the run's ``cwd`` under the temp root it sees; it goes back
+    there once the run is over, if the run left it as it found it."""
+
+    def __init__(self, pool: Any, runs_root: RunsRoot, view_tmp_root: str) -> None:
+        self._pool = pool
+        self._runs_root = runs_root
+        #: Where the server writes the run's files.
+        self.host_cwd: str = pool.take()
+        #: The run's dir as the run sees it.
+        self.cwd = os.path.join(view_tmp_root, os.path.basename(self.host_cwd))
+
+    def _host(self, view_path: str) -> str:
+        relative = os.path.relpath(os.path.normpath(view_path), self.cwd)
+        if relative == ".." or relative.startswith("../"):
+            raise ValueError(f"{view_path} is outside the run's dir {self.cwd}")
+        return os.path.normpath(os.path.join(self.host_cwd, relative))
+
+    def write_file(self, view_path: str, data: bytes) -> None:
+        """Write a file of the run's dir (nothing else is seen by a run in a kept root)."""
+        path = self._host(view_path)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as handle:
+            handle.write(data)
+
+    def read_file(self, view_path: str) -> bytes | None:
+        """The regular file of the run's dir at ``view_path``, or ``None``."""
+        try:
+            path = self._host(view_path)
+        except ValueError:
+            return None
+        if os.path.islink(path) or not os.path.isfile(path):
+            return None
+        with open(path, "rb") as handle:
+            return handle.read()
+
+    def next_command(self, last: bool = False, keep: bool = False) -> dict[str, Any]:
+        """The run's world (sent to the relay): its dir, bound into the relay's kept root."""
+        relay = self._runs_root.relay_path
+        cwd_host = relay(self.host_cwd)
+        return {
+            "upper": cwd_host,  # (where the relay asks how full the runs' tmpfs is)
+            "lowers": [],
+            "last": last,
+            "keep": {"dir": relay(self._runs_root.path), "cwd_host": cwd_host},
+        }
+
+    def close(self, code_path: str | None = None) -> None:
+        """The run is over: its dir back to the pool (emptied of its code file), or removed."""
+        host_code = None if code_path is None else os.path.join(self.host_cwd, os.path.basename(code_path))
+        self._pool.give_back(self.host_cwd, host_code)
 
 
 class LayeredWorkspace:
@@ -829,6 +902,10 @@ class LayeredWorkspace:
             os.rmdir(self.slot)
         except OSError:
             shutil.rmtree(self.slot, ignore_errors=True)
+
+
+#: One request's files, however its runs see them.
+Workspace = HostWorkspace | KeptRootWorkspace | LayeredWorkspace
 
 
 def _is_opaque(path: str) -> bool:

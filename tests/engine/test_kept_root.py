@@ -10,6 +10,8 @@ made, so the same name before and after a run means the same root.
 from __future__ import annotations
 
 import base64
+import os
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +21,7 @@ import pytest
 
 from mocksandbox.core import MockSandbox
 from mocksandbox.execution.confinement import CgroupConfinement
-from mocksandbox.execution.world import holds_no_layers, lite_unavailable_reason
+from mocksandbox.execution.world import RUN_DIRS, holds_no_layers, lite_unavailable_reason
 from mocksandbox.models import RunCodeRequest
 from mocksandbox.settings import load_settings
 
@@ -127,6 +129,52 @@ def test_files_in_the_run_dir_come_and_go_with_each_request(sandbox: MockSandbox
         run(sandbox, "import os\nprint(sorted(os.listdir('.'))[:0], os.path.exists('in.txt'))")
         == "[] False\n"
     )
+
+
+def run_dirs(box: MockSandbox) -> list[Path]:
+    """The idle dirs kept for the next runs in kept roots (``KeptRootWorkspace``)."""
+    assert box.engine.runs_root is not None
+    return sorted((Path(box.engine.runs_root.path) / RUN_DIRS).iterdir())
+
+
+def test_a_run_in_a_kept_root_has_a_dir_with_a_new_name_each_time_and_no_layers(sandbox: MockSandbox) -> None:
+    look = "import os\nprint(os.getcwd(), sorted(os.listdir('.')), oct(os.stat('.').st_mode))"
+    with_files = run(sandbox, look, files={"in.txt": base64.b64encode(b"x").decode()}).split()
+    seen = [with_files] + [run(sandbox, look).split() for _ in range(3)]
+    cwds = [words[0] for words in seen]
+    view_tmp_root = sandbox.engine.settings.tmp_root or tempfile.gettempdir()
+    assert len(set(cwds)) == 4 and all(os.path.dirname(c) == view_tmp_root for c in cwds)
+    # Its files and its code file, in a dir of its own, mode 0700.
+    assert with_files[1] == "['in.txt'," and with_files[2].startswith("'tmp") and with_files[3] == "0o40700"
+    assert all(words[-1] == "0o40700" and words[1].startswith("['tmp") for words in seen[1:])
+    # The dir a run left with a file of its request is not kept; the next three runs had one dir,
+    # renamed for each; nothing else of them is left.
+    assert len(run_dirs(sandbox)) == 1
+    assert sandbox.engine.runs_root is not None
+    assert holds_no_layers(Path(sandbox.engine.runs_root.path))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "open('left', 'w').write('x')",
+        "os.mkdir('left')",
+        "os.chmod('.', 0o755)",
+        "os.setxattr('.', 'user.left', b'x')",
+        "os.chown('.', 1000, 1000)",
+    ],
+)
+def test_a_run_dir_left_changed_is_not_kept_and_the_next_run_sees_nothing_of_it(
+    sandbox: MockSandbox, change: str
+) -> None:
+    look = "import os\nprint(sorted(os.listdir('.'))[1:], oct(os.stat('.').st_mode), os.listxattr('.'), os.stat('.').st_uid)"
+    fresh = run(sandbox, look)
+    assert fresh == "[] 0o40700 [] 0\n"
+    (kept,) = run_dirs(sandbox)
+    kept_inode = kept.stat().st_ino
+    run(sandbox, f"import os\n{change}\nprint('changed')")
+    assert kept_inode not in [d.stat().st_ino for d in run_dirs(sandbox)]
+    assert run(sandbox, look) == fresh
 
 
 def test_a_kept_root_goes_with_its_server(tmp_path: Path) -> None:

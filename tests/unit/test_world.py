@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mocksandbox.execution import world
 from mocksandbox.execution.world import (
     LayeredWorkspace,
     RunsRoot,
@@ -199,9 +200,35 @@ def test_a_runs_root_holds_no_layers_with_only_its_own_files_and_kept_roots(tmp_
     (kept / "u" / "tmp" / "left").touch()
     assert not holds_no_layers(tmp_path)
     (kept / "u" / "tmp" / "left").unlink()
+    (kept / "lock").touch()  # held by its relay
+    assert holds_no_layers(tmp_path)
     request = tmp_path / "0123456789abcdef"  # a request's layers, left behind
     request.mkdir()
     assert not holds_no_layers(tmp_path)
     request.rmdir()
+    run_dir = tmp_path / "dirs" / "tmpabcdefgh"  # an empty run dir, kept for the next run
+    run_dir.mkdir(parents=True)
+    assert holds_no_layers(tmp_path)
+    (run_dir / "left").touch()  # one a run is in, or one a run left files in
+    assert not holds_no_layers(tmp_path)
+    (run_dir / "left").unlink()
     (tmp_path / ".owner").unlink()
     assert not holds_no_layers(tmp_path)
+
+
+def test_a_runs_root_that_changes_as_it_is_looked_at_holds_layers_until_asked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relay takes a run's mount point out of its kept root after it has answered: a dir that
+    goes while ``holds_no_layers`` looks is "not yet", not an error."""
+    (tmp_path / ".owner").touch()
+    (tmp_path / ".world").mkdir()
+    (tmp_path / "kept-0a1b" / "u" / "tmp").mkdir(parents=True)
+
+    def gone(path: str) -> bool:
+        raise FileNotFoundError(path)
+
+    monkeypatch.setattr(world, "_only_the_way_down", gone)
+    assert not holds_no_layers(tmp_path)
+    monkeypatch.undo()
+    assert holds_no_layers(tmp_path)
