@@ -304,10 +304,11 @@ _RUNS_ROOT_PREFIX = "mocksandbox-"
 _OWNER_FILE = ".owner"
 #: Where each relay mounts its own scratch tmpfs (see :attr:`RunsRoot.scratch`).
 _SCRATCH_DIR = ".world"
-#: The roots relays keep from run to run: ``kept-<random>/u`` (an upper layer) and ``/w`` (its
-#: work dir). The launcher (``forkserver.py``, which imports nothing of the package) makes them.
 #: In the runs' tmpfs: the dirs of runs that relays run in their kept roots (``KeptRootWorkspace``).
 RUN_DIRS = "dirs"
+#: The roots relays keep from run to run: ``kept-<random>/u`` (an upper layer), ``/w`` (its work
+#: dir) and ``/lock`` (held by the relay while it lives). The launcher (``forkserver.py``, which
+#: imports nothing of the package) makes them.
 _KEPT_ROOT_PREFIX = "kept-"
 _KEPT_ROOT_PARTS = frozenset({"u", "w", "lock"})
 #: Beside a runs' dir: locked while its server lives (``RunsRoot``).
