@@ -403,18 +403,7 @@ class RunsRoot:
         """Remove the roots kept by relays that died without dropping them (killed from outside:
         a relay drops its own when it leaves): the ``kept-*`` dirs whose ``lock`` nobody holds.
         What a run wrote outside its dir is in there, on the runs' tmpfs. Returns what went."""
-        base = self.access or self.path
-        removed: list[str] = []
-        try:
-            names = [n for n in os.listdir(base) if n.startswith(_KEPT_ROOT_PREFIX)]
-        except OSError:
-            return removed
-        for name in names:
-            kept = os.path.join(base, name)
-            if _stale_by_lock(os.path.join(kept, "lock")):
-                shutil.rmtree(kept, ignore_errors=True)
-                removed.append(kept)
-        return removed
+        return remove_unlocked_dirs(self.access or self.path, _KEPT_ROOT_PREFIX, "lock")
 
     def close(self) -> None:
         """Unmount the tmpfs (lazily: a run still being torn down keeps it until it is gone).
@@ -458,6 +447,32 @@ def _stale_by_lock(path: str) -> bool | None:
         return False
     finally:
         os.close(fd)
+
+
+def remove_unlocked_dirs(parent: str, prefix: str, lock_name: str) -> list[str]:
+    """Remove the dirs of ``parent`` named ``prefix*`` whose lock file ``lock_name`` nobody holds
+    (an ``flock`` its owner keeps while it lives); one without that file is left alone (not one
+    that says whose it is, or one still being made). Returns what was removed."""
+    removed: list[str] = []
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(prefix)]
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(parent, name)
+        try:
+            lock = os.open(os.path.join(path, lock_name), os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # its owner lives
+        finally:
+            os.close(lock)
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
 
 
 def _empty_dir(path: str) -> bool:

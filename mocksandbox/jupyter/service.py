@@ -31,6 +31,7 @@ from mocksandbox.execution.engine import (
     program_environment,
     restore_files,
 )
+from mocksandbox.execution.world import remove_unlocked_dirs
 from mocksandbox.jupyter.kernel import DeadlineExceeded, KernelDied
 from mocksandbox.jupyter.launchers import create_launcher, kernel_environment
 from mocksandbox.jupyter.models import CellRunResult, RunJupyterRequest, RunJupyterResponse
@@ -115,26 +116,7 @@ def _runtime_root(tmp_root: str | None) -> tuple[Path, int]:
 def reclaim_stale_runtime_roots(parent: str) -> list[str]:
     """Remove the kernels' runtime dirs in ``parent`` whose server is gone (nobody holds the lock
     of their ``.owner`` file); what was removed."""
-    removed: list[str] = []
-    try:
-        names = [n for n in os.listdir(parent) if n.startswith(_RUNTIME_PREFIX)]
-    except OSError:
-        return removed
-    for name in names:
-        path = os.path.join(parent, name)
-        try:
-            owner = os.open(os.path.join(path, _OWNER_FILE), os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except OSError:
-            continue  # not one that says whose it is
-        try:
-            fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            continue  # its server lives
-        finally:
-            os.close(owner)
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
-    return removed
+    return remove_unlocked_dirs(parent, _RUNTIME_PREFIX, _OWNER_FILE)
 
 
 class CellRunner(Protocol):
