@@ -66,7 +66,11 @@ def _outside(urls: list[str], site: str) -> list[str]:
 
 
 def test_the_home_page_and_a_search_result_load_nothing_from_outside(
-    chromium: Any, site: str, wait_for: Callable[..., Any], page_errors: None, screenshot: Callable[[str], Path]
+    chromium: Any,
+    site: str,
+    wait_for: Callable[..., Any],
+    page_errors: None,
+    screenshot: Callable[[str], Path],
 ) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
@@ -84,15 +88,26 @@ def test_the_home_page_and_a_search_result_load_nothing_from_outside(
     box = wait_for(lambda d: d.find_element(By.CSS_SELECTOR, "input.md-search__input"), "the search box")
     box.click()  # (at this width the box is in the header)
     box.send_keys("max_in_flight")
-    results = wait_for(
-        lambda d: d.find_elements(By.CSS_SELECTOR, ".md-search-result__item a"), "search results for max_in_flight"
+    wait_for(
+        lambda d: d.find_elements(By.CSS_SELECTOR, ".md-search-result__item a"),
+        "search results for max_in_flight",
     )
     screenshot("docs-search")
-    target = results[0].get_attribute("href")
+
+    def open_the_first_result(driver: Any) -> str:
+        # Found again each try: the list is rendered anew while the search settles, which leaves
+        # an element found before it stale (wait_for tries again then).
+        link = driver.find_element(By.CSS_SELECTOR, ".md-search-result__item a")
+        href = link.get_attribute("href")
+        link.send_keys(Keys.ENTER)
+        return str(href)
+
+    target = wait_for(open_the_first_result, "the first search result, opened")
     assert target.startswith(site), target
-    results[0].send_keys(Keys.ENTER)
     wait_for(lambda d: d.current_url.split("#")[0] == target.split("#")[0], f"the result's page {target}")
-    wait_for(lambda d: "max_in_flight" in d.find_element(By.CSS_SELECTOR, "article").text, "the term on the page")
+    wait_for(
+        lambda d: "max_in_flight" in d.find_element(By.CSS_SELECTOR, "article").text, "the term on the page"
+    )
 
     # The generated settings reference is there and names every setting's variable.
     chromium.get(site + "/reference/settings.html")
