@@ -538,8 +538,9 @@ def serve_fleet(
     return 0
 
 
-def end_descendants(grace_s: float = 5.0) -> list[int]:
-    """End and reap every process this one started that is still there (the pids it found).
+def end_descendants(grace_s: float = 5.0, kill_s: float = 10.0) -> list[int]:
+    """End and reap every process this one started that is still there (the pids it found); a
+    process that ``kill_s`` seconds of SIGKILL do not end (stuck in the kernel) is left.
 
     ``ray.shutdown`` stops the raylet and GCS gracefully and waits for them, but not for the
     raylet's workers: an actor's worker can still be exiting, or be a zombie nobody reaped, when
@@ -554,7 +555,7 @@ def end_descendants(grace_s: float = 5.0) -> list[int]:
     deadline = time.monotonic() + grace_s
     while True:
         left = me.children(recursive=True)
-        if not left:
+        if not left or time.monotonic() > deadline + kill_s:
             return sorted(found)
         found.update(p.pid for p in left)
         if time.monotonic() > deadline:
