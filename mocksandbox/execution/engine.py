@@ -41,6 +41,7 @@ from mocksandbox.execution.world import (
     hidden_system_secrets,
     is_credential_variable,
     lite_unavailable_reason,
+    path_in_run_dir,
     reserve_run_uids,
     run_as_user_unavailable_reason,
     server_private_prefixes,
@@ -297,11 +298,8 @@ class ExecutionEngine:
         it keeps to its dir (:meth:`_keeps_to_its_dir`) and every one of its ``files`` is in it."""
         if self._kept_run_dirs is None or not self._keeps_to_its_dir(spec, request):
             return False
-        for name in request.files:
-            relative = os.path.normpath(name)
-            if os.path.isabs(relative) or relative == ".." or relative.startswith("../"):
-                return False
-        return True
+        # (The run's dir gets its name later: an absolute name cannot be known to be inside it.)
+        return all(not os.path.isabs(name) and path_in_run_dir(".", name) for name in request.files)
 
     @staticmethod
     def _keeps_to_its_dir(spec: LanguageSpec, request: RunCodeRequest) -> bool:
@@ -498,10 +496,10 @@ def restore_files(workspace: str | Workspace, files: Mapping[str, str | None]) -
         if not isinstance(content, str) or "IGNORE_THIS_FILE" in name:
             continue
         data = base64.b64decode(content)
-        relative = os.path.relpath(os.path.normpath(os.path.join(workspace.cwd, name)), workspace.cwd)
-        if relative != "." and not relative.startswith(".."):
+        relative = path_in_run_dir(workspace.cwd, name)
+        if relative is not None:
             # Inside the run's dir (most files): written straight into it.
-            path = os.path.join(workspace.host_cwd, name)
+            path = os.path.join(workspace.host_cwd, relative)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as handle:
                 handle.write(data)

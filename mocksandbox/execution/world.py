@@ -434,10 +434,10 @@ class RunsRoot:
 
 
 def _stale_by_lock(path: str) -> bool | None:
-    """``False`` when the lock file ``path`` is held (its server lives), ``True`` when it is not,
-    ``None`` when there is none (a dir of an older version's server)."""
+    """``False`` when the lock file ``path`` is held (an ``flock`` its owner keeps while it lives),
+    ``True`` when it is not, ``None`` when there is none (or a symlink is there instead)."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError:
         return None
     try:
@@ -460,16 +460,8 @@ def remove_unlocked_dirs(parent: str, prefix: str, lock_name: str) -> list[str]:
         return removed
     for name in names:
         path = os.path.join(parent, name)
-        try:
-            lock = os.open(os.path.join(path, lock_name), os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            continue  # its owner lives
-        finally:
-            os.close(lock)
+        if not _stale_by_lock(os.path.join(path, lock_name)):
+            continue  # its owner lives, or it has no lock
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
     return removed
@@ -549,16 +541,8 @@ def reclaim_stale_runs_roots(parent: str) -> list[str]:
         mounted = os.path.ismount(path)
         if not mounted and not os.path.isdir(os.path.join(path, _SCRATCH_DIR)):
             continue  # neither a runs' tmpfs nor a runs' dir
-        try:
-            owner = os.open(os.path.join(path, _OWNER_FILE), os.O_RDWR | os.O_CLOEXEC)
-        except OSError:
-            continue  # not one of ours
-        try:
-            fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            continue  # alive
-        finally:
-            os.close(owner)
+        if not _stale_by_lock(os.path.join(path, _OWNER_FILE)):
+            continue  # alive, or not one of ours (no owner lock)
         if not mounted:
             shutil.rmtree(path, ignore_errors=True)
         else:
@@ -579,6 +563,16 @@ def reclaim_stale_runs_roots(parent: str) -> list[str]:
 
 _NAME_CHARACTERS = "abcdefghijklmnopqrstuvwxyz0123456789_"
 _MAX_SYMLINKS = 40
+
+
+def path_in_run_dir(cwd: str, name: str) -> str | None:
+    """``name`` (a ``files`` key: relative to the run's dir ``cwd``, or absolute in the run's view)
+    relative to ``cwd`` when it names something inside that dir, else ``None`` (the dir itself,
+    or a path outside it)."""
+    relative = os.path.relpath(os.path.normpath(os.path.join(cwd, name)), cwd)
+    if relative in (".", "..") or relative.startswith("../"):
+        return None
+    return relative
 
 
 class HostWorkspace:
@@ -636,10 +630,10 @@ class KeptRootWorkspace:
         self.cwd = os.path.join(view_tmp_root, os.path.basename(self.host_cwd))
 
     def _host(self, view_path: str) -> str:
-        relative = os.path.relpath(os.path.normpath(view_path), self.cwd)
-        if relative == ".." or relative.startswith("../"):
-            raise ValueError(f"{view_path} is outside the run's dir {self.cwd}")
-        return os.path.normpath(os.path.join(self.host_cwd, relative))
+        relative = path_in_run_dir(self.cwd, view_path)
+        if relative is None:
+            raise ValueError(f"{view_path} is not inside the run's dir {self.cwd}")
+        return os.path.join(self.host_cwd, relative)
 
     def write_file(self, view_path: str, data: bytes) -> None:
         """Write a file of the run's dir (nothing else is seen by a run in a kept root)."""

@@ -3,6 +3,7 @@ layers as overlayfs shows them, writing absolute ``files`` into them, and what l
 
 from __future__ import annotations
 
+import base64
 import os
 from pathlib import Path
 
@@ -11,11 +12,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mocksandbox.execution import world
+from mocksandbox.execution.engine import restore_files
 from mocksandbox.execution.world import (
     LayeredWorkspace,
     RunsRoot,
     holds_no_layers,
     is_credential_variable,
+    path_in_run_dir,
     without_credentials,
 )
 
@@ -112,6 +115,37 @@ def test_an_absolute_file_is_written_where_the_run_sees_it(tmp_path: Path, host:
     # The dirs made in the layer keep the host's mode, as the run would see them.
     made = Path(space.host_cwd).parents[-2]  # a top-level dir of the layer
     assert made.is_dir()
+
+
+def test_a_file_named_by_its_absolute_path_in_the_runs_dir_goes_into_the_layer(
+    tmp_path: Path, host: Path
+) -> None:
+    space = workspace(tmp_path, host)
+    named = os.path.join(space.cwd, "sub", "..", "a.txt")
+    restore_files(space, {named: base64.b64encode(b"in the run's dir").decode()})
+    assert space.read_file(os.path.join(space.cwd, "a.txt")) == b"in the run's dir"
+    assert Path(space.host_cwd, "a.txt").read_bytes() == b"in the run's dir"
+    assert not os.path.exists(space.cwd)  # the view's path, never made on the host
+
+
+@pytest.mark.parametrize(
+    ("name", "inside"),
+    [
+        ("a.txt", "a.txt"),
+        ("sub/../b.txt", "b.txt"),
+        ("..hidden", "..hidden"),
+        ("/run/dir/c/d.txt", "c/d.txt"),
+        (".", None),
+        ("", None),
+        ("..", None),
+        ("a/../../x", None),
+        ("/run/dir", None),
+        ("/run/dirx/y", None),
+        ("/etc/passwd", None),
+    ],
+)
+def test_a_files_name_is_inside_the_runs_dir_or_not(name: str, inside: str | None) -> None:
+    assert path_in_run_dir("/run/dir", name) == inside
 
 
 def test_other_file_systems_are_not_read_through(tmp_path: Path, host: Path) -> None:
