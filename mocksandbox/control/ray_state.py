@@ -90,6 +90,11 @@ WATCH_TIMEOUT_S = 2.0
 #: How long a request queued for a permit waits before the actor recalls unused ones again (a
 #: request that ended before the cap was set gives its slot back only once its end is told).
 RECALL_EVERY_S = 1.0
+#: How long a recall of the replicas' unused permits waits for every live one to answer before the
+#: cap refuses: until they all have, the cap is not known to be full (a busy replica, on a loaded
+#: machine, may take longer than a read's DRAIN_TIMEOUT_S). Past this, one that still has not
+#: answered is taken to be using all it holds.
+RECALL_TIMEOUT_S = 30.0
 
 #: The paths a replica's admissions take: by itself with no cap (``fast``), by itself on leased
 #: cap permits (``leased``), through the actor (``slow``: while the path changes).
@@ -546,17 +551,21 @@ class ControlActor:
         its batches up to then are applied (a replica that does not answer in time is left out:
         what it has comes later)."""
         with self._lock:
-            alive = {key for key, record in self._replicas.items() if record.alive}
+            alive = {key: record for key, record in self._replicas.items() if record.alive}
         with self._signal_cond:
             self._signal += 1
             target = self._signal
             self._signal_cond.notify_all()
-            waiting = [key for key in self._acked if key in alive]
+            waiting = [alive[key] for key in self._acked if key in alive]
 
             def all_in() -> bool:
                 return all(
-                    self._acked.get(key, 0) >= target and self._applied.get(key, 0) >= self._sent.get(key, 0)
-                    for key in waiting
+                    not record.alive  # (declared dead meanwhile: its permits came back)
+                    or (
+                        self._acked.get(record.key, 0) >= target
+                        and self._applied.get(record.key, 0) >= self._sent.get(record.key, 0)
+                    )
+                    for record in waiting
                 )
 
             self._signal_cond.wait_for(all_in, timeout)
@@ -564,7 +573,7 @@ class ControlActor:
     def _drain(self, recall: bool = False) -> None:
         """Bring every replica's told events into the journal, in the order they happened; with
         ``recall``, their unused permits come back with them (several recalls at once share one
-        drain: any that started after they asked)."""
+        drain: any that started after they asked), and it waits up to RECALL_TIMEOUT_S for them."""
         asked = self._recalls_started
         with self._drain_lock:
             if recall:
@@ -575,7 +584,7 @@ class ControlActor:
                 if self._mode != "slow" or self._pending_events:
                     with self._signal_cond:
                         self._recall = recall
-                    self._signal_replicas()
+                    self._signal_replicas(RECALL_TIMEOUT_S if recall else DRAIN_TIMEOUT_S)
                 with self._signal_cond:
                     self._recall = False
                     events, self._pending_events = self._pending_events, []
@@ -744,6 +753,7 @@ class ControlActor:
                 fast_lost = [(k, v) for k, v in self._fast_ids.items() if k[0] == key]
                 for fast_key, _ in fast_lost:
                     del self._fast_ids[fast_key]
+                self._signal_cond.notify_all()  # (a drain waiting for its answer waits no more)
             slow_lost, slow_held = sorted(record.open_entries), record.held
             lost = sorted(slow_lost + [fast.entry_id for _, fast in fast_lost])
             record.held = 0

@@ -16,6 +16,7 @@ import pytest
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # before Ray's first import
 pytest.importorskip("ray")
 
+from mocksandbox.control import ray_state
 from mocksandbox.control.ray_state import ControlActor
 from mocksandbox.control.state import CapacityPolicy, IncomingRequest
 from mocksandbox.faults import validate_fault_spec
@@ -310,3 +311,59 @@ def test_before_refusing_the_actor_recalls_permits_a_replica_holds_unused(actor:
     finally:
         stop.set()
         poller.join(5)
+
+
+def test_a_replica_slow_to_answer_a_recall_is_waited_for_rather_than_the_request_refused(
+    actor: ControlActor,
+) -> None:
+    """A busy replica (a loaded machine) that answers the recall after the drain's timeout still
+    gives its unused permit to the request: the cap refuses only when every permit is in use."""
+    actor.set_capacity(CapacityPolicy(max_in_flight=1))
+    actor.register("a", None, "node-1", "http://a")
+    actor.register("b", None, "node-2", "http://b")
+    epoch = actor.path_word().epoch
+    assert actor.lease("a", epoch, 1)[1] == 1  # a holds the only permit, in use by none
+    held = {"unused": 1}
+    stop = threading.Event()
+
+    def slow_replica_a() -> None:
+        seen, batch = -1, 0
+        while not stop.is_set():
+            word = actor.await_signal("a", seen, 0.2)
+            if word.signal <= seen:
+                continue
+            if word.recall:
+                time.sleep(ray_state.DRAIN_TIMEOUT_S + 0.5)  # past the drain's wait for it
+            returned = held["unused"] if word.recall else 0
+            held["unused"] -= returned
+            batch += 1
+            actor.told("a", batch, [], word.signal, returned, word.epoch)
+            seen = word.signal
+
+    poller = threading.Thread(target=slow_replica_a, daemon=True)
+    poller.start()
+    try:
+        deadline = time.monotonic() + 10
+        while "a" not in actor._acked and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert actor.lease("b", epoch, 1)[1] == 1  # a's permit, once it answered
+        assert held["unused"] == 0
+        started = time.monotonic()
+        assert actor.lease("a", epoch, 1)[1] == 0  # now the one permit is in use: refused
+        assert time.monotonic() - started < ray_state.RECALL_TIMEOUT_S  # (once a answered)
+    finally:
+        stop.set()
+        poller.join(10)
+
+
+def test_a_recall_does_not_wait_for_a_replica_declared_dead_meanwhile(actor: ControlActor) -> None:
+    actor.set_capacity(CapacityPolicy(max_in_flight=1))
+    actor.register("a", None, "node-1", "http://a")
+    actor.register("b", None, "node-2", "http://b")
+    epoch = actor.path_word().epoch
+    assert actor.lease("a", epoch, 1)[1] == 1
+    actor.await_signal("a", -1, 0)  # a subscribes, then never answers again
+    threading.Timer(0.5, actor._declare_dead, ("a", "died")).start()
+    started = time.monotonic()
+    assert actor.lease("b", epoch, 1)[1] == 1  # a's permit, back with its death
+    assert time.monotonic() - started < ray_state.RECALL_TIMEOUT_S
