@@ -390,6 +390,19 @@ def _wait_for(condition: Any, timeout: float, what: str) -> Any:
     pytest.fail(f"{what}: not within {timeout:g} s")
 
 
+def _all_held(handle: MockSandboxHandle, futures: list[Any], count: int) -> bool:
+    """Whether ``count`` requests are in flight; a held request answered already fails the test
+    with its answer (a refusal by the cap, a program that could not see its barrier, ...)."""
+    for future in futures:
+        if future.done():
+            reply = future.result()
+            pytest.fail(
+                f"a held request was answered before its barrier: {reply.status_code} {reply.text[:2000]};"
+                f" stats {handle.stats()}"
+            )
+    return bool(handle.stats()["in_flight"] == count)
+
+
 def _served_by(handle: MockSandboxHandle, code: str) -> str | None:
     return next((e.worker for e in handle.requests(path="/run_code") if e.body["code"] == code), None)
 
@@ -406,7 +419,7 @@ def test_a_killed_replica_fails_its_requests_only_and_gives_back_its_permits(
         bodies = [{"code": c, "language": "python", "run_timeout": HELD_RUN_TIMEOUT} for c in codes]
         pool = ThreadPoolExecutor(9)
         futures = [pool.submit(post, fleet.url, "/run_code", body, 120) for body in bodies]
-        _wait_for(lambda: fleet.stats()["in_flight"] == 9, 60, "nine requests in flight")
+        _wait_for(lambda held=futures: _all_held(fleet, held, 9), 60, "nine requests in flight")
         pending = _pending_by_worker(fleet)
         if len(pending) >= 2:
             break
@@ -475,7 +488,7 @@ def test_a_killed_replica_fails_its_requests_only_and_gives_back_its_permits(
     with ThreadPoolExecutor(3) as pool, releasing(second):
         body = {"code": held_until(second, 3), "language": "python", "run_timeout": HELD_RUN_TIMEOUT}
         held = [pool.submit(post, fleet.url, "/run_code", body) for _ in range(3)]
-        _wait_for(lambda: fleet.stats()["in_flight"] == 3, 120, "three in flight at once")
+        _wait_for(lambda: _all_held(fleet, held, 3), 120, "three in flight at once")
         second.touch()
         assert [f.result(timeout=120).status_code for f in held] == [200] * 3
     assert fleet.stats()["rejected_by_cap"] == 0
