@@ -192,9 +192,13 @@ def _answers_as_recorded(box: MockSandbox, case: tuple[dict[str, Any], list[dict
         result = box.engine.run_code(RunCodeRequest.model_validate(body)).run_result
     assert result is not None
     assert notes == []  # it answers as SandboxFusion does: nothing to say
+    said = (
+        f"return code {result.return_code}, {len(result.stdout)} bytes of stdout, stderr"
+        f" {result.stderr[-2000:]!r}, {result.execution_time} s"
+    )
     assert result.status.value == recorded[0]["status"] and {a["status"] for a in recorded} == {
         recorded[0]["status"]
-    }
+    }, said
     assert result.return_code == recorded[0]["return_code"]
     for stream in ("stdout", "stderr"):
         lengths = [len(answer[stream]) for answer in recorded]
