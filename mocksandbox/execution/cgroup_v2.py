@@ -76,6 +76,7 @@ from mocksandbox.execution.confinement import (
     _lock_parent,
     _procs,
     _read,
+    holding_home,
     kill_members,
 )
 
@@ -295,17 +296,18 @@ def reclaim_dead_subtrees(fs: CgroupFs, home: Path) -> list[Path]:
     Pids are no guide (in a container the next server has the dead one's pid). Returns what was
     removed."""
     removed = []
-    for subtree in home.glob(f"{SUBTREE_PREFIX}*"):
-        try:
-            lock = _lock_parent(subtree)
-        except OSError:
-            continue  # alive (its server holds the lock), or removed meanwhile
-        try:
-            _end_dead_runs(fs, subtree)
-            if _remove_subtree(fs, subtree):
-                removed.append(subtree)
-        finally:
-            os.close(lock)
+    with holding_home(home):  # (a subtree just made is locked before anyone may judge it)
+        for subtree in home.glob(f"{SUBTREE_PREFIX}*"):
+            try:
+                lock = _lock_parent(subtree)
+            except OSError:
+                continue  # alive (its server holds the lock), or removed meanwhile
+            try:
+                _end_dead_runs(fs, subtree)
+                if _remove_subtree(fs, subtree):
+                    removed.append(subtree)
+            finally:
+                os.close(lock)
     return removed
 
 
@@ -495,8 +497,9 @@ class CgroupV2Confinement:
 
     def _build(self) -> None:
         fs = self._fs
-        fs.mkdir(self.subtree)
-        self._subtree_lock = _lock_parent(self.subtree)
+        with holding_home(self.home):
+            fs.mkdir(self.subtree)
+            self._subtree_lock = _lock_parent(self.subtree)
         fs.mkdir(self.server_leaf)
         # The leaf first: no controller can be enabled where we sit.
         fs.write(self.server_leaf / "cgroup.procs", str(os.getpid()))

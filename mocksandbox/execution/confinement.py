@@ -25,7 +25,8 @@ import secrets
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -399,18 +400,19 @@ def _remove_stale_parents(home: Path) -> None:
     are no guide: in a container or PID namespace the next server has the dead one's pid (1 or 2)
     and would take its leftovers for its own.
     """
-    for parent in home.glob("mocksandbox-*"):
-        try:
-            lock = _lock_parent(parent)
-        except FileNotFoundError:
-            continue  # removed meanwhile
-        except OSError:
-            continue  # alive (or not ours to judge): left alone
-        try:
-            _end_stale_runs(parent)
-            _remove_dir_tree(parent)
-        finally:
-            os.close(lock)
+    with holding_home(home):  # (a group just made is locked before anyone may judge it)
+        for parent in home.glob("mocksandbox-*"):
+            try:
+                lock = _lock_parent(parent)
+            except FileNotFoundError:
+                continue  # removed meanwhile
+            except OSError:
+                continue  # alive (or not ours to judge): left alone
+            try:
+                _end_stale_runs(parent)
+                _remove_dir_tree(parent)
+            finally:
+                os.close(lock)
 
 
 def _end_stale_runs(parent: Path, within: float = 5.0) -> None:
@@ -421,6 +423,21 @@ def _end_stale_runs(parent: Path, within: float = 5.0) -> None:
     for run in parent.glob("run-*"):
         freezer = run / "freezer.state"
         _kill_group(str(run / "cgroup.procs"), freezer if freezer.exists() else None, within)
+
+
+@contextmanager
+def holding_home(home: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on the cgroup ``home`` (blocking) while a server makes its group
+    there and locks it, or judges which groups there are stale: a group made and not yet locked
+    would look like a dead server's to another server starting at that moment, which would then
+    remove it (and the first server would fail to start). Several servers start at once wherever
+    tests run in parallel, or a server has workers."""
+    fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # (the lock goes with it)
 
 
 def _lock_parent(parent: Path) -> int:
@@ -473,10 +490,11 @@ class CgroupConfinement:
         for controller in _CONTROLLERS:
             home = own_cgroup_dir(controller)
             _remove_stale_parents(home)
-            parent = home / name
-            parent.mkdir()
-            self._parents[controller] = parent
-            self._owner_locks.append(_lock_parent(parent))
+            with holding_home(home):
+                parent = home / name
+                parent.mkdir()
+                self._parents[controller] = parent
+                self._owner_locks.append(_lock_parent(parent))
         if self.budget.runs_total is not None:
             _write(self._parents["pids"] / "pids.max", str(self.budget.runs_total))
         if self.memory_budget.runs_total is not None:

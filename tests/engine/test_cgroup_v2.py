@@ -938,3 +938,38 @@ def test_v1_stays_first_where_it_is_writable() -> None:
         assert isinstance(chosen, CgroupConfinement)
     finally:
         chosen.close()
+
+
+@needs_v2
+def test_a_server_starting_beside_another_never_takes_its_new_subtree_for_a_dead_servers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another server reclaims dead subtrees between our subtree's mkdir and its lock: it must
+    wait for the lock rather than remove the subtree (and fail our start)."""
+    lock_parent = cgroup_v2._lock_parent
+    others: list[subprocess.Popen[bytes]] = []
+    judge = "import sys; from pathlib import Path; from mocksandbox.execution import cgroup_v2 as c; "
+    judge += "c.reclaim_dead_subtrees(c.CgroupFs(), Path(sys.argv[1]))"
+    env = {**os.environ, "PYTHONPATH": str(Path(mocksandbox.__file__).parent.parent)}
+
+    def lock_while_another_server_starts(subtree: Path) -> int:
+        if not others:
+            others.append(subprocess.Popen([sys.executable, "-c", judge, str(subtree.parent)], env=env))
+            deadline = time.monotonic() + 3  # (an empty subtree goes in milliseconds)
+            while others[0].poll() is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return lock_parent(subtree)
+
+    monkeypatch.setattr(cgroup_v2, "_lock_parent", lock_while_another_server_starts)
+    before = _cgroup_of("self")
+    box = CgroupV2Confinement(64, 256, controllers=())
+    try:
+        assert others and box.subtree.is_dir()
+        assert others[0].wait(timeout=60) == 0  # it looked once we held our lock, and left ours alone
+        assert box.subtree.is_dir()
+    finally:
+        box.close()
+        for other in others:
+            other.kill()
+            other.wait()
+    assert _cgroup_of("self") == before

@@ -8,8 +8,11 @@ re-read of ``cgroup.procs`` would.
 from __future__ import annotations
 
 import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -103,3 +106,39 @@ def test_the_next_server_ends_what_a_killed_servers_runs_left_running() -> None:
             for path in (run, run.parent):
                 if path.exists():
                     path.rmdir()
+
+
+def test_a_server_starting_beside_another_never_takes_its_new_groups_for_a_dead_servers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Servers start at once (xdist workers, a server's workers): one judges which groups are
+    stale while another has made its group and not locked it yet. That group must not look like a
+    dead server's (it was removed, and the other server failed to start)."""
+    if not CgroupConfinement.available():
+        pytest.skip("cgroup v1 pids/memory/freezer controllers are not writable here")
+    lock_parent = confinement._lock_parent
+    others: list[subprocess.Popen[bytes]] = []
+    judge = "import sys; from pathlib import Path; from mocksandbox.execution import confinement; "
+    judge += "confinement._remove_stale_parents(Path(sys.argv[1]))"
+
+    def lock_while_another_server_starts(parent: Path) -> int:
+        if parent.parent == own_cgroup_dir("pids") and not others:
+            # Another server looks at the groups now, between our mkdir and our lock: it has
+            # three seconds (an empty group goes in milliseconds), unless it must wait for us.
+            others.append(subprocess.Popen([sys.executable, "-c", judge, str(parent.parent)]))
+            deadline = time.monotonic() + 3
+            while others[0].poll() is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return lock_parent(parent)
+
+    monkeypatch.setattr(confinement, "_lock_parent", lock_while_another_server_starts)
+    made = CgroupConfinement(max_processes=16, max_memory_mb=64)
+    try:
+        assert others and all(parent.is_dir() for parent in made._parents.values())
+        assert others[0].wait(timeout=60) == 0  # it looked once we held our lock, and left ours alone
+        assert all(parent.is_dir() for parent in made._parents.values())
+    finally:
+        made.close()
+        for other in others:
+            other.kill()
+            other.wait()
