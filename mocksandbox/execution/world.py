@@ -48,6 +48,7 @@ import random
 import secrets
 import shutil
 import stat
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -350,22 +351,33 @@ class RunsRoot:
         self.parent = parent
         self.mounted = mount
         reclaim_stale_runs_roots(parent)
+        # The lock beside it first, then the dir: another server starting now (reclaiming stale
+        # ones) must never find the dir without a held lock.
         while True:
             path = os.path.join(parent, _RUNS_ROOT_PREFIX + secrets.token_hex(6))
+            try:
+                alive = os.open(
+                    path + _ALIVE_SUFFIX, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600
+                )
+            except FileExistsError:
+                continue
+            fcntl.flock(alive, fcntl.LOCK_EX | fcntl.LOCK_NB)
             try:
                 os.mkdir(path, 0o700)
                 break
             except FileExistsError:
-                continue
+                os.unlink(path + _ALIVE_SUFFIX)
+                os.close(alive)
         self.path = path
         self._closed = False
-        self._alive = os.open(path + _ALIVE_SUFFIX, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fcntl.flock(self._alive, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self._alive = alive
         if mount:
             try:
                 _mount_tmpfs(path, f"mode=0700,{RUNS_TMPFS_SIZE}")
             except OSError:
                 os.rmdir(path)
+                os.unlink(path + _ALIVE_SUFFIX)
+                os.close(alive)
                 raise
         self._owner = os.open(os.path.join(path, _OWNER_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         fcntl.flock(self._owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -447,6 +459,27 @@ def _stale_by_lock(path: str) -> bool | None:
         return False
     finally:
         os.close(fd)
+
+
+def make_locked_dir(parent: str, prefix: str, lock_name: str) -> tuple[str, int]:
+    """A new dir ``<parent>/<prefix><random>`` (mode 0700) and the descriptor of its lock file
+    ``lock_name``, locked (``flock``) for as long as the caller keeps it open. It is made under a
+    hidden name and renamed once locked: :func:`remove_unlocked_dirs`, run by another server
+    starting at that moment, must never find it unlocked."""
+    building = tempfile.mkdtemp(prefix="." + prefix, dir=parent)
+    try:
+        lock = os.open(os.path.join(building, lock_name), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            path = os.path.join(parent, os.path.basename(building)[1:])
+            os.rename(building, path)
+        except BaseException:
+            os.close(lock)
+            raise
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    return path, lock
 
 
 def remove_unlocked_dirs(parent: str, prefix: str, lock_name: str) -> list[str]:

@@ -11,7 +11,6 @@ timed-out driver and no cells when the time ran out. Here the kernel comes from 
 from __future__ import annotations
 
 import base64
-import fcntl
 import json
 import math
 import os
@@ -31,7 +30,7 @@ from mocksandbox.execution.engine import (
     program_environment,
     restore_files,
 )
-from mocksandbox.execution.world import remove_unlocked_dirs
+from mocksandbox.execution.world import make_locked_dir, remove_unlocked_dirs
 from mocksandbox.jupyter.kernel import DeadlineExceeded, KernelDied
 from mocksandbox.jupyter.launchers import create_launcher, kernel_environment
 from mocksandbox.jupyter.models import CellRunResult, RunJupyterRequest, RunJupyterResponse
@@ -107,10 +106,8 @@ def _runtime_root(tmp_root: str | None) -> tuple[Path, int]:
     base = tmp_root if tmp_root and len(tmp_root) <= _MAX_RUNTIME_DIR_LENGTH else None
     parent = base or tempfile.gettempdir()
     reclaim_stale_runtime_roots(parent)
-    root = Path(tempfile.mkdtemp(prefix=_RUNTIME_PREFIX, dir=parent))
-    owner = os.open(root / _OWNER_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    return root, owner
+    root, owner = make_locked_dir(parent, _RUNTIME_PREFIX, _OWNER_FILE)
+    return Path(root), owner
 
 
 def reclaim_stale_runtime_roots(parent: str) -> list[str]:

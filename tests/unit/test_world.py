@@ -4,8 +4,10 @@ layers as overlayfs shows them, writing absolute ``files`` into them, and what l
 from __future__ import annotations
 
 import base64
+import fcntl
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -209,6 +211,52 @@ def test_a_runs_root_of_a_dead_server_is_reclaimed(tmp_path: Path) -> None:
         live.close()
         fresh.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def _another_server_looks_before_each_lock(monkeypatch: pytest.MonkeyPatch, look: Any) -> list[Any]:
+    """Each ``flock`` this process takes is preceded by ``look()`` (another server reclaiming
+    stale dirs at that moment); what each look returned."""
+    real_flock, looks, inside = fcntl.flock, [], []
+
+    def flock(fd: int, operation: int) -> None:
+        if not inside:
+            inside.append(True)
+            try:
+                looks.append(look())
+            finally:
+                inside.clear()
+        real_flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    return looks
+
+
+def test_a_runs_root_is_never_seen_without_its_lock_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    looks = _another_server_looks_before_each_lock(
+        monkeypatch, lambda: world.reclaim_stale_runs_roots(str(tmp_path))
+    )
+    made = RunsRoot(str(tmp_path), mount=False)
+    try:
+        monkeypatch.undo()
+        assert looks and all(look == [] for look in looks)
+        assert os.path.isdir(made.scratch)
+    finally:
+        made.close()
+
+
+def test_a_locked_dir_is_never_seen_unlocked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    looks = _another_server_looks_before_each_lock(
+        monkeypatch, lambda: world.remove_unlocked_dirs(str(tmp_path), "dir-", "lock")
+    )
+    path, lock = world.make_locked_dir(str(tmp_path), "dir-", "lock")
+    monkeypatch.undo()
+    assert looks == [[]] and os.path.basename(path).startswith("dir-")
+    assert os.listdir(tmp_path) == [os.path.basename(path)]
+    assert world.remove_unlocked_dirs(str(tmp_path), "dir-", "lock") == []  # held
+    os.close(lock)
+    assert world.remove_unlocked_dirs(str(tmp_path), "dir-", "lock") == [path]
 
 
 def test_a_runs_root_holds_no_layers_with_only_its_own_files_and_kept_roots(tmp_path: Path) -> None:
