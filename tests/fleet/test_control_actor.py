@@ -10,6 +10,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -284,33 +285,45 @@ def test_before_refusing_the_actor_recalls_permits_a_replica_holds_unused(actor:
     epoch = actor.path_word().epoch
     assert actor.lease("a", epoch, 2)[1] == 2  # a holds both, in use by none
     held = {"unused": 2}
-    stop = threading.Event()
-
-    def replica_a() -> None:  # what FastPath._poll does with the actor's word
-        seen, batch = -1, 0
-        while not stop.is_set():
-            word = actor.await_signal("a", seen, 0.2)
-            if word.signal <= seen:
-                continue
-            returned = held["unused"] if word.recall else 0
-            held["unused"] -= returned
-            batch += 1
-            actor.told("a", batch, [], word.signal, returned, word.epoch)
-            seen = word.signal
-
-    poller = threading.Thread(target=replica_a, daemon=True)
-    poller.start()
-    try:
-        deadline = time.monotonic() + 10
-        while "a" not in actor._acked and time.monotonic() < deadline:
-            time.sleep(0.01)
+    with _answering_recalls(actor, "a", held):
         assert actor.lease("b", epoch, 1)[1] == 1  # recalled from a, granted to b
         assert held["unused"] == 0
         assert actor.lease("b", epoch, 1)[1] == 1  # the second one a gave back
         assert actor.lease("b", epoch, 1)[1] == 0  # now every permit is in use: refused
+
+
+@contextmanager
+def _answering_recalls(
+    actor: ControlActor, replica: str, held: dict[str, int], delay: float = 0.0
+) -> Iterator[None]:
+    """``replica`` subscribed and answering the actor's signals as ``FastPath._poll`` does: a
+    recall is answered (after ``delay`` seconds) with the permits ``held["unused"]`` counts."""
+    stop = threading.Event()
+
+    def poll() -> None:
+        seen, batch = -1, 0
+        while not stop.is_set():
+            word = actor.await_signal(replica, seen, 0.2)
+            if word.signal <= seen:
+                continue
+            if word.recall:
+                time.sleep(delay)
+            returned = held["unused"] if word.recall else 0
+            held["unused"] -= returned
+            batch += 1
+            actor.told(replica, batch, [], word.signal, returned, word.epoch)
+            seen = word.signal
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    try:
+        deadline = time.monotonic() + 10
+        while replica not in actor._acked and time.monotonic() < deadline:
+            time.sleep(0.01)
+        yield
     finally:
         stop.set()
-        poller.join(5)
+        poller.join(10)
 
 
 def test_a_replica_slow_to_answer_a_recall_is_waited_for_rather_than_the_request_refused(
@@ -324,36 +337,12 @@ def test_a_replica_slow_to_answer_a_recall_is_waited_for_rather_than_the_request
     epoch = actor.path_word().epoch
     assert actor.lease("a", epoch, 1)[1] == 1  # a holds the only permit, in use by none
     held = {"unused": 1}
-    stop = threading.Event()
-
-    def slow_replica_a() -> None:
-        seen, batch = -1, 0
-        while not stop.is_set():
-            word = actor.await_signal("a", seen, 0.2)
-            if word.signal <= seen:
-                continue
-            if word.recall:
-                time.sleep(ray_state.DRAIN_TIMEOUT_S + 0.5)  # past the drain's wait for it
-            returned = held["unused"] if word.recall else 0
-            held["unused"] -= returned
-            batch += 1
-            actor.told("a", batch, [], word.signal, returned, word.epoch)
-            seen = word.signal
-
-    poller = threading.Thread(target=slow_replica_a, daemon=True)
-    poller.start()
-    try:
-        deadline = time.monotonic() + 10
-        while "a" not in actor._acked and time.monotonic() < deadline:
-            time.sleep(0.01)
+    with _answering_recalls(actor, "a", held, delay=ray_state.DRAIN_TIMEOUT_S + 0.5):
         assert actor.lease("b", epoch, 1)[1] == 1  # a's permit, once it answered
         assert held["unused"] == 0
         started = time.monotonic()
         assert actor.lease("a", epoch, 1)[1] == 0  # now the one permit is in use: refused
         assert time.monotonic() - started < ray_state.RECALL_TIMEOUT_S  # (once a answered)
-    finally:
-        stop.set()
-        poller.join(10)
 
 
 def test_a_recall_does_not_wait_for_a_replica_declared_dead_meanwhile(actor: ControlActor) -> None:
