@@ -40,6 +40,8 @@ TOOLCHAIN = "toolchain"
 ISOLATION = "isolation"
 #: User Python of another version than production's, or without a package production's runtime has.
 RUNTIME = "runtime"
+#: The run's relay ended without saying how the program ended (its answer's return code a guess).
+RELAY = "relay"
 
 _notes: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
     "mocksandbox_divergences", default=None

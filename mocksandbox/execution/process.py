@@ -26,6 +26,7 @@ from typing import Any
 
 import psutil
 
+from mocksandbox import divergence
 from mocksandbox.divergence import SANDBOXFUSION_READER_PAUSE_BYTES
 from mocksandbox.execution.confinement import Confinement, ProcessGroupJail, RunJail
 from mocksandbox.execution.launcher import Launcher, close_quietly
@@ -404,6 +405,16 @@ class ProcessRunner:
                 return_code=None,
                 stdout=stdout.text(),
                 stderr=stderr.text(),
+            )
+        if status.wait_status is None:
+            # -9 is what a program that killed its parent (the relay) gets, as on SandboxFusion;
+            # anything else that ends a relay early is the mock's fault, and must not pass as the
+            # program's own answer.
+            divergence.note(
+                divergence.RELAY,
+                f"the run's relay ended before it said how the program ended; the return code "
+                f"{RELAY_KILLED} is a guess (a program that killed its parent gets it); if this "
+                "program did not, this answer is wrong: please report it",
             )
         return CommandRunResult(
             status=CommandRunStatus.Finished,

@@ -11,6 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from mocksandbox import divergence
 from mocksandbox.core import MockSandbox
 from mocksandbox.execution.launcher import Launcher
 from mocksandbox.execution.workdirs import IDLE_WORKDIRS
@@ -233,15 +234,19 @@ def test_background_job_in_bash_is_killed(sandbox: MockSandbox) -> None:
 
 def test_program_that_kills_its_parent(sandbox: MockSandbox) -> None:
     code = "import os, signal, time\nos.kill(os.getppid(), signal.SIGKILL)\ntime.sleep(1)\nprint('reached')"
-    result = run(sandbox, code)
+    with divergence.collecting() as notes:
+        result = run(sandbox, code)
     assert result.run_result is not None
     if sandbox.engine.isolation.mode == "lite":
         # Its parent is the relay, PID 1 of the run's PID namespace: no signal from inside reaches it.
         assert result.status == RunStatus.Success
         assert result.run_result.stdout == "reached\n"
+        assert not [n for n in notes if divergence.kind_of(n) == divergence.RELAY]
     else:
         assert result.status == RunStatus.Failed
         assert result.run_result.return_code == -9
+        # The relay could not say how the program ended: the answer says that -9 is a guess.
+        assert [divergence.kind_of(n) for n in notes if "relay ended" in n] == [divergence.RELAY]
     assert os.getpid() > 0  # we are still here to say so
 
 
