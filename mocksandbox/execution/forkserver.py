@@ -336,7 +336,9 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
                 ["python", request["file"]] if request["mode"] == "python" else None
             )
         pid = os.fork()
-    except OSError as exc:  # EAGAIN: the host's or the server's process budget is spent
+    except Exception as exc:  # EAGAIN: the host's or the server's process budget is spent
+        if not isinstance(exc, OSError):
+            _say_fault("before its fork", exc)
         if world is not None:
             try:  # why, first: the server reads it once the failure is reported
                 os.write(fds[2], f"mocksandbox launcher: cannot make the run's world: {exc}\n".encode())
@@ -344,7 +346,7 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
                 pass
             if _WORLD is not None:
                 _WORLD.unmount_run()
-        _report_launch_error(status_fd, exc.errno)
+        _report_launch_error(status_fd, getattr(exc, "errno", None))
         _close_all(fds)
         return
     if pid == 0:
@@ -353,23 +355,11 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
     try:
         _write_all(status_fd, _STATUS_PID + pid.to_bytes(8, "little"))
         status = _WORLD.wait_for_program(pid, sock) if world is not None else _wait_for(pid)
-        if world is not None and _WORLD.anything_left():
-            # Nothing the program started outlives it (as its cgroup's kill would see to, where
-            # there is one): this relay is PID 1 of the run's namespace, -1 is all the rest of it.
-            try:
-                os.kill(-1, _signal.SIGKILL)
-            except OSError:
-                pass  # nothing left
-            # Once they are gone, the run's files change no more: the server, told the run is
-            # over when the status pipe closes, reads them and removes them at once.
-            _WORLD.reap(until_gone=True)
-        # The run's root is unmounted once the answer is on its way, where nothing needs it
-        # sooner: a later command of the request stacks its layer over this one's (which must not
-        # be an upper layer then), and the space the run's files took on the runs' tmpfs comes
-        # back only when they are unmounted (a run that filled it must not cost the next request
-        # an ENOSPC).
-        if world is not None and not (world.get("last") and _WORLD.space_to_spare(world["upper"])):
-            _WORLD.unmount_run()
+        try:
+            if world is not None:
+                _end_what_the_program_left(world)
+        except Exception as exc:  # (how the program ended is known: it is said all the same)
+            _say_fault("after its program ended", exc)
         _write_all(status_fd, _STATUS_EXIT + status.to_bytes(8, "little", signed=True))
     except OSError:
         pass  # the server gave up on this run (it closed its end): nobody to tell
@@ -379,6 +369,36 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
         os.close(status_fd)
         if world is not None:
             _WORLD.unmount_run()  # (the next run of this relay waits for it)
+
+
+def _end_what_the_program_left(world: dict) -> None:
+    """Once a world's program has exited: what it left is killed, and its root unmounted where
+    that must come before the answer."""
+    if _WORLD.anything_left():
+        # Nothing the program started outlives it (as its cgroup's kill would see to, where
+        # there is one): this relay is PID 1 of the run's namespace, -1 is all the rest of it.
+        try:
+            os.kill(-1, _signal.SIGKILL)
+        except OSError:
+            pass  # nothing left
+        # Once they are gone, the run's files change no more: the server, told the run is
+        # over when the status pipe closes, reads them and removes them at once.
+        _WORLD.reap(until_gone=True)
+    # The run's root is unmounted once the answer is on its way, where nothing needs it
+    # sooner: a later command of the request stacks its layer over this one's (which must not
+    # be an upper layer then), and the space the run's files took on the runs' tmpfs comes
+    # back only when they are unmounted (a run that filled it must not cost the next request
+    # an ENOSPC).
+    if not (world.get("last") and _WORLD.space_to_spare(world["upper"])):
+        _WORLD.unmount_run()
+
+
+def _say_fault(when: str, exc: BaseException) -> None:
+    """A fault of the relay itself (not of a run's program), said on its stderr: the server's."""
+    try:
+        os.write(2, f"mocksandbox relay {os.getpid()}: a fault {when}: {exc!r}\n".encode())
+    except OSError:
+        pass
 
 
 def _wait_for(pid: int) -> int:
@@ -1822,6 +1842,7 @@ def _serve(sock: _socket.socket) -> None:
                     relay_sock = _socket.socket(fileno=fds[4])
                     _relay(relay_sock, request, fds[:4], ran_w)
                 except BaseException as exc:
+                    _say_fault("that ended it", exc)
                     _report_launch_error(fds[3], getattr(exc, "errno", None))
                 finally:
                     os._exit(0)
