@@ -107,9 +107,13 @@ def target(pytestconfig: pytest.Config) -> Iterator[Target]:
     if proc is not None:
         proc.send_signal(signal.SIGINT)
         try:
-            proc.communicate(timeout=30)
+            _, said = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+            return
+        # A fault of a relay (not of a run's program) is the mock's: it must not pass unseen.
+        faults = [line for line in (said or "").splitlines() if line.startswith("mocksandbox relay ")]
+        assert not faults, "the mock's relays said:\n" + "\n".join(faults)
 
 
 @pytest.fixture(autouse=True)

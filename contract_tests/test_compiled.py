@@ -19,7 +19,9 @@ def test_cpp_compile_error_skips_the_run(target: Target) -> None:
 @pytest.mark.needs_language("cpp")
 def test_cpp_compile_timeout(target: Target) -> None:
     # bits/stdc++.h takes far longer than 50 ms to compile; a bare main() can beat it on a fast host.
-    body = target.run_code("#include <bits/stdc++.h>\nint main() { return 0; }", language="cpp", compile_timeout=0.05)
+    body = target.run_code(
+        "#include <bits/stdc++.h>\nint main() { return 0; }", language="cpp", compile_timeout=0.05
+    )
     assert body["status"] == "Failed"
     assert body["run_result"] is None
     assert (body["compile_result"]["status"], body["compile_result"]["return_code"]) == (

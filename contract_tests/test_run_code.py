@@ -32,7 +32,7 @@ def test_uncaught_exception(target: Target) -> None:
 def test_syntax_error_is_a_run_failure(target: Target) -> None:
     body = target.run_code("def f(:\n  pass")
     assert body["status"] == "Failed" and body["compile_result"] is None
-    assert body["run_result"]["return_code"] == 1
+    assert body["run_result"]["return_code"] == 1, body["run_result"]
     assert "SyntaxError" in body["run_result"]["stderr"]
 
 
