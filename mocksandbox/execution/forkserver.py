@@ -70,6 +70,11 @@ _PROGRAM_CPUS = None
 _STATUS_PID = b"P"
 _STATUS_EXIT = b"S"
 _STATUS_LAUNCH_ERROR = b"E"
+#: The relay ended the run itself (its socket with the server woke it, or read as closed), with
+#: the signal that woke it (0: the closed socket): said before the relay leaves.
+_STATUS_ENDED_BY_RELAY = b"K"
+#: The status pipe of the run this relay is watching (for _end_the_run), while it watches.
+_WATCHED_STATUS_FD: "int | None" = None
 _PR_SET_CHILD_SUBREAPER = 36
 _MAX_FDS = 65536
 #: Dispositions the launcher changes (or CPython set at start-up) that a new program must not
@@ -352,6 +357,8 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
     if pid == 0:
         _start_program(request, fds)
     _close_all(fds[:3])
+    global _WATCHED_STATUS_FD
+    _WATCHED_STATUS_FD = status_fd
     try:
         _write_all(status_fd, _STATUS_PID + pid.to_bytes(8, "little"))
         status = _WORLD.wait_for_program(pid, sock) if world is not None else _wait_for(pid)
@@ -364,6 +371,7 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
     except OSError:
         pass  # the server gave up on this run (it closed its end): nobody to tell
     finally:
+        _WATCHED_STATUS_FD = None
         if world is not None:
             _WORLD.reap()
         os.close(status_fd)
@@ -1294,6 +1302,7 @@ class _World:
         _fcntl.fcntl(fd, _fcntl.F_SETFL, _fcntl.fcntl(fd, _fcntl.F_GETFL) | os.O_ASYNC)
         try:
             if sock.recv(1, _socket.MSG_PEEK | _socket.MSG_DONTWAIT) == b"":
+                _say_ended_by_relay(0)
                 os.kill(-1, _signal.SIGKILL)  # the server left before we watched: end the run
         except BlockingIOError:
             pass  # still there, nothing sent: the usual case
@@ -1482,6 +1491,15 @@ def _remove_tree(path: str) -> None:
         pass
 
 
+def _say_ended_by_relay(why: int) -> None:
+    """Tell the server, on the run's status pipe, that this relay ends the run itself."""
+    if _WATCHED_STATUS_FD is not None:
+        try:
+            os.write(_WATCHED_STATUS_FD, _STATUS_ENDED_BY_RELAY + why.to_bytes(8, "little", signed=True))
+        except OSError:
+            pass
+
+
 def _end_the_run(signum: int, frame: object) -> None:
     """SIGIO in a world's relay while a program runs: the server let the run go (its deadline
     passed, where no cgroup kills it) or is gone. Every process of the namespace is killed (a
@@ -1489,6 +1507,7 @@ def _end_the_run(signum: int, frame: object) -> None:
     once nothing of the run writes any more: what a timed-out run wrote outside its dir is in that
     root's upper layer, on the runs' tmpfs, which outlives the relay (a run that filled it and
     slept past its deadline, again and again, would leave every later run without space)."""
+    _say_ended_by_relay(signum)
     os.kill(-1, _signal.SIGKILL)
     if _WORLD is not None:
         _WORLD.reap(until_gone=True)

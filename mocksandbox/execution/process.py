@@ -154,13 +154,16 @@ class _LaunchFailed(Exception):
 
 
 class _StatusReader:
-    """Parses the relay's status pipe: ``P`` + pid, then ``S`` + wait status (or ``E`` + errno)."""
+    """Parses the relay's status pipe: ``P`` + pid, then ``S`` + wait status (or ``E`` + errno);
+    ``K`` + a signal number before either when the relay ended the run itself."""
 
     def __init__(self) -> None:
         self.buffer = b""
         self.pid: int | None = None
         self.wait_status: int | None = None
         self.launch_error: int | None = None
+        #: The relay ended the run itself, woken by this signal (0: its socket read as closed).
+        self.ended_by_relay: int | None = None
 
     def feed(self, chunk: bytes) -> None:
         self.buffer += chunk
@@ -173,6 +176,8 @@ class _StatusReader:
                 self.wait_status = int.from_bytes(value, "little", signed=True)
             elif kind == b"E":
                 self.launch_error = int.from_bytes(value, "little", signed=True)
+            elif kind == b"K":
+                self.ended_by_relay = int.from_bytes(value, "little", signed=True)
 
     def return_code(self) -> int:
         if self.wait_status is None:
@@ -406,7 +411,16 @@ class ProcessRunner:
                 stdout=stdout.text(),
                 stderr=stderr.text(),
             )
-        if status.wait_status is None:
+        if status.ended_by_relay is not None:
+            woken = "its socket read as closed"
+            if status.ended_by_relay:
+                woken = f"signal {status.ended_by_relay}"
+            divergence.note(
+                divergence.RELAY,
+                f"the run's relay ended the run itself ({woken}: its socket with the server woke it) "
+                "though the server had not let the run go; this answer is wrong: please report it",
+            )
+        elif status.wait_status is None:
             # -9 is what a program that killed its parent (the relay) gets, as on SandboxFusion;
             # anything else that ends a relay early is the mock's fault, and must not pass as the
             # program's own answer.
