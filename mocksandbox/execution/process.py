@@ -412,13 +412,13 @@ class ProcessRunner:
                 stderr=stderr.text(),
             )
         if status.ended_by_relay is not None:
-            woken = "its socket read as closed"
+            woken = "its socket with the server read as closed"
             if status.ended_by_relay:
-                woken = f"signal {status.ended_by_relay}"
+                woken = f"woken by signal {status.ended_by_relay}: its socket with the server, or a program"
             divergence.note(
                 divergence.RELAY,
-                f"the run's relay ended the run itself ({woken}: its socket with the server woke it) "
-                "though the server had not let the run go; this answer is wrong: please report it",
+                f"the run's relay ended the run itself ({woken}) though the server had not let the run "
+                "go; unless the program signalled its relay, this answer is wrong: please report it",
             )
         elif status.wait_status is None:
             # -9 is what a program that killed its parent (the relay) gets, as on SandboxFusion;

@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from mocksandbox import divergence
 from mocksandbox.core import MockSandbox
 from mocksandbox.execution.confinement import CgroupConfinement
 from mocksandbox.execution.world import RUN_DIRS, holds_no_layers, lite_unavailable_reason
@@ -241,3 +242,18 @@ def test_the_root_of_a_relay_killed_from_outside_goes_at_the_next_run(sandbox: M
     after = kept_roots(sandbox)
     assert before not in after
     assert len(after) == 1  # the next run's relay's own, locked: left alone
+
+
+def test_a_run_its_relay_ended_unasked_says_so_beside_the_answer(sandbox: MockSandbox) -> None:
+    """The relay ends a run itself when its socket with the server wakes it (SIGIO); a program can
+    send it that signal too (the relay, PID 1 of the run's namespace, handles it). The answer, not
+    a timeout, then says that the relay ended the run: a -9 the program did not ask for is never
+    passed off as its own."""
+    code = "import os, signal, time\nos.kill(1, signal.SIGIO)\ntime.sleep(5)\nprint('not reached')"
+    with divergence.collecting() as notes:
+        answer = sandbox.engine.run_code(RunCodeRequest(code=code, language="python", run_timeout=20))
+    assert answer.run_result is not None
+    assert answer.run_result.return_code == -9 and answer.run_result.stdout == "", answer.run_result
+    said = [n for n in notes if divergence.kind_of(n) == divergence.RELAY]
+    assert len(said) == 1 and "ended the run itself (woken by signal 29" in said[0], notes
+    assert run(sandbox, "print('next')") == "next\n"  # a new relay serves the next run
