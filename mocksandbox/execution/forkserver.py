@@ -75,6 +75,8 @@ _STATUS_LAUNCH_ERROR = b"E"
 _STATUS_ENDED_BY_RELAY = b"K"
 #: The status pipe of the run this relay is watching (for _end_the_run), while it watches.
 _WATCHED_STATUS_FD: "int | None" = None
+#: This relay's socket with the server (for _end_the_run), once it is a relay.
+_RELAY_SOCKET: "_socket.socket | None" = None
 _PR_SET_CHILD_SUBREAPER = 36
 _MAX_FDS = 65536
 #: Dispositions the launcher changes (or CPython set at start-up) that a new program must not
@@ -294,6 +296,8 @@ def _relay(sock: _socket.socket, request: dict, fds: list, ran_fd: int) -> None:
     """A relay's life: the run it was forked for, then each run the server sends on ``sock``, one
     at a time, until the server closes it; never returns."""
     _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)  # the launcher ignores it; we must wait
+    global _RELAY_SOCKET
+    _RELAY_SOCKET = sock
     if _WORLD_CONFIG is not None and request.get("world") is not None:
         global _WORLD
         try:
@@ -1300,12 +1304,9 @@ class _World:
         fd = sock.fileno()
         _fcntl.fcntl(fd, _fcntl.F_SETOWN, os.getpid())
         _fcntl.fcntl(fd, _fcntl.F_SETFL, _fcntl.fcntl(fd, _fcntl.F_GETFL) | os.O_ASYNC)
-        try:
-            if sock.recv(1, _socket.MSG_PEEK | _socket.MSG_DONTWAIT) == b"":
-                _say_ended_by_relay(0)
-                os.kill(-1, _signal.SIGKILL)  # the server left before we watched: end the run
-        except BlockingIOError:
-            pass  # still there, nothing sent: the usual case
+        if _server_left(sock):
+            _say_ended_by_relay(0)
+            os.kill(-1, _signal.SIGKILL)  # the server left before we watched: end the run
         try:
             while True:
                 try:
@@ -1500,13 +1501,36 @@ def _say_ended_by_relay(why: int) -> None:
             pass
 
 
+def _server_left(sock: _socket.socket) -> bool:
+    """Whether the server closed its end of the relay's socket ``sock`` (it reads as closed),
+    without waiting and without taking a message that may be there."""
+    try:
+        return sock.recv(1, _socket.MSG_PEEK | _socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False  # still there, nothing sent: the usual case
+    except OSError:
+        return True  # (reset: gone all the same)
+
+
 def _end_the_run(signum: int, frame: object) -> None:
-    """SIGIO in a world's relay while a program runs: the server let the run go (its deadline
-    passed, where no cgroup kills it) or is gone. Every process of the namespace is killed (a
-    signal to -1 from its PID 1 reaches all the others), then the relay; its kept root goes first,
-    once nothing of the run writes any more: what a timed-out run wrote outside its dir is in that
-    root's upper layer, on the runs' tmpfs, which outlives the relay (a run that filled it and
-    slept past its deadline, again and again, would leave every later run without space)."""
+    """SIGIO in a world's relay while a program runs: if the server let the run go (its deadline
+    passed, where no cgroup kills it) or is gone, its end of our socket is closed. Every process
+    of the namespace is then killed (a signal to -1 from its PID 1 reaches all the others), then
+    the relay; its kept root goes first, once nothing of the run writes any more: what a timed-out
+    run wrote outside its dir is in that root's upper layer, on the runs' tmpfs, which outlives the
+    relay (a run that filled it and slept past its deadline, again and again, would leave every
+    later run without space).
+
+    A SIGIO alone proves nothing, and ends nothing: only a socket that reads as closed does.
+    The kernel raises it for a message the relay may have taken already. A sender queues its
+    message, then wakes the socket's owner; when the server's thread is delayed between the two
+    (preempted, its virtual CPU stolen), the relay, not yet asleep, takes the message, starts the
+    run it carries and turns the socket's SIGIO on, and the late wake-up then lands in that run
+    (seen: 1 run in 2000-4000 at concurrency 1 on a 2-core VM, answered -9). A program may also
+    send it to its PID 1, as to any init, which ignores it. A kernel's world (no relay socket)
+    ignores it too."""
+    if _RELAY_SOCKET is None or not _server_left(_RELAY_SOCKET):
+        return
     _say_ended_by_relay(signum)
     os.kill(-1, _signal.SIGKILL)
     if _WORLD is not None:

@@ -412,13 +412,14 @@ class ProcessRunner:
                 stderr=stderr.text(),
             )
         if status.ended_by_relay is not None:
-            woken = "its socket with the server read as closed"
-            if status.ended_by_relay:
-                woken = f"woken by signal {status.ended_by_relay}: its socket with the server, or a program"
+            # The relay ends a run only once its socket with the server reads as closed (a SIGIO
+            # alone ends nothing: see forkserver._end_the_run).
+            when = f"woken by signal {status.ended_by_relay}" if status.ended_by_relay else "as the run began"
             divergence.note(
                 divergence.RELAY,
-                f"the run's relay ended the run itself ({woken}) though the server had not let the run "
-                "go; unless the program signalled its relay, this answer is wrong: please report it",
+                f"the run's relay ended the run itself: its socket with the server read as closed "
+                f"({when}) though the server had not let the run go; this answer is wrong: please "
+                "report it",
             )
         elif status.wait_status is None:
             # -9 is what a program that killed its parent (the relay) gets, as on SandboxFusion;

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import base64
 import os
+import socket
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -244,16 +247,69 @@ def test_the_root_of_a_relay_killed_from_outside_goes_at_the_next_run(sandbox: M
     assert len(after) == 1  # the next run's relay's own, locked: left alone
 
 
-def test_a_run_its_relay_ended_unasked_says_so_beside_the_answer(sandbox: MockSandbox) -> None:
-    """The relay ends a run itself when its socket with the server wakes it (SIGIO); a program can
-    send it that signal too (the relay, PID 1 of the run's namespace, handles it). The answer, not
-    a timeout, then says that the relay ended the run: a -9 the program did not ask for is never
-    passed off as its own."""
-    code = "import os, signal, time\nos.kill(1, signal.SIGIO)\ntime.sleep(5)\nprint('not reached')"
+def test_a_sigio_that_does_not_come_from_the_server_leaving_ends_nothing(sandbox: MockSandbox) -> None:
+    """The relay watches its socket with the server for SIGIO while a program runs, and ends the
+    run when the server closed its end. The kernel also raises that signal late, for a message the
+    relay took already (a sender delayed between queueing it and waking the socket's owner: the
+    wake-up lands in the run the message started), and a program can send it to its PID 1. Neither
+    may end the run: it answers as its program did, and its relay serves the next run. (Before
+    this held, 1 run in 2000-4000 at concurrency 1 answered -9 for ``print(1)``.)"""
+    run(sandbox, "print(0)")
+    relays = relay_pids(sandbox)
+    code = (
+        "import os, signal, time\n"
+        "for _ in range(3):\n    os.kill(1, signal.SIGIO)\n    time.sleep(0.05)\n"
+        "print('still here')"
+    )
     with divergence.collecting() as notes:
-        answer = sandbox.engine.run_code(RunCodeRequest(code=code, language="python", run_timeout=20))
+        assert run(sandbox, code, run_timeout=20) == "still here\n"
+    assert not [n for n in notes if divergence.kind_of(n) == divergence.RELAY], notes
+    assert relay_pids(sandbox) == relays  # the same relay, still serving
+    assert run(sandbox, "print('next')") == "next\n"
+
+
+def test_a_run_whose_server_end_closed_mid_run_is_ended_and_says_so(sandbox: MockSandbox) -> None:
+    """When the server's end of the relay's socket closes while a program runs (the server let
+    the run go, or is gone), the relay ends the run itself and says so first: if the server still
+    waits for that run, its answer carries the note, and a -9 the program did not ask for is never
+    passed off as its own. The next run gets a new relay."""
+    launcher = sandbox.engine.runner.launcher  # type: ignore[attr-defined]
+    run(sandbox, "print(0)")
+    answers: list[Any] = []
+    notes: list[str] = []
+
+    def sleeper() -> None:
+        with divergence.collecting() as said:
+            answers.append(
+                sandbox.engine.run_code(
+                    RunCodeRequest(code="import time\ntime.sleep(30)", language="python", run_timeout=60)
+                )
+            )
+        notes.extend(said)
+
+    thread = threading.Thread(target=sleeper)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        busy: list[socket.socket] = []
+        while not busy and time.monotonic() < deadline:
+            with launcher._lock:
+                busy = [r for r in launcher._world_relays if r not in launcher._idle_world_relays]
+            time.sleep(0.05)
+        assert len(busy) == 1, "the sleeper's relay was not found busy"
+        busy[0].shutdown(socket.SHUT_RDWR)  # our end reads as closed to the relay
+    finally:
+        thread.join(timeout=30)
+    (answer,) = answers
     assert answer.run_result is not None
-    assert answer.run_result.return_code == -9 and answer.run_result.stdout == "", answer.run_result
+    assert answer.run_result.return_code == -9 and answer.run_result.execution_time < 20, answer.run_result
     said = [n for n in notes if divergence.kind_of(n) == divergence.RELAY]
-    assert len(said) == 1 and "ended the run itself (woken by signal 29" in said[0], notes
+    assert len(said) == 1 and "its socket with the server read as closed (woken by signal 29)" in said[0], (
+        notes
+    )
     assert run(sandbox, "print('next')") == "next\n"  # a new relay serves the next run
+
+
+def relay_pids(box: MockSandbox) -> list[int]:
+    launcher = box.engine.runner.launcher  # type: ignore[attr-defined]
+    return sorted(p.pid for p in psutil.Process(launcher.pid).children())
