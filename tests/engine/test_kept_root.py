@@ -234,8 +234,7 @@ def test_the_root_of_a_relay_killed_from_outside_goes_at_the_next_run(sandbox: M
     run, and removes every ``kept-*`` whose lock nobody holds any more, and no other."""
     run(sandbox, "print(1)")
     (before,) = kept_roots(sandbox)
-    launcher = sandbox.engine.runner.launcher  # type: ignore[attr-defined]
-    relays = psutil.Process(launcher.pid).children()
+    relays = relays_of(sandbox)
     assert relays
     for relay in relays:
         relay.kill()
@@ -255,7 +254,7 @@ def test_a_sigio_that_does_not_come_from_the_server_leaving_ends_nothing(sandbox
     may end the run: it answers as its program did, and its relay serves the next run. (Before
     this held, 1 run in 2000-4000 at concurrency 1 answered -9 for ``print(1)``.)"""
     run(sandbox, "print(0)")
-    relays = relay_pids(sandbox)
+    relays = [relay.pid for relay in relays_of(sandbox)]
     code = (
         "import os, signal, time\n"
         "for _ in range(3):\n    os.kill(1, signal.SIGIO)\n    time.sleep(0.05)\n"
@@ -264,7 +263,7 @@ def test_a_sigio_that_does_not_come_from_the_server_leaving_ends_nothing(sandbox
     with divergence.collecting() as notes:
         assert run(sandbox, code, run_timeout=20) == "still here\n"
     assert not [n for n in notes if divergence.kind_of(n) == divergence.RELAY], notes
-    assert relay_pids(sandbox) == relays  # the same relay, still serving
+    assert [relay.pid for relay in relays_of(sandbox)] == relays  # the same relay, still serving
     assert run(sandbox, "print('next')") == "next\n"
 
 
@@ -299,7 +298,7 @@ def test_a_run_whose_server_end_closed_mid_run_is_ended_and_says_so(sandbox: Moc
         assert len(busy) == 1, "the sleeper's relay was not found busy"
         # Once its program runs (the relay watches its socket from then on; a socket closed
         # before that is found as the run begins, and said so).
-        while not any(r.children() for r in psutil.Process(launcher.pid).children()):
+        while not any(relay.children() for relay in relays_of(sandbox)):
             assert time.monotonic() < deadline, "the sleeper's program never started"
             time.sleep(0.05)
         time.sleep(0.2)
@@ -314,6 +313,7 @@ def test_a_run_whose_server_end_closed_mid_run_is_ended_and_says_so(sandbox: Moc
     assert run(sandbox, "print('next')") == "next\n"  # a new relay serves the next run
 
 
-def relay_pids(box: MockSandbox) -> list[int]:
+def relays_of(box: MockSandbox) -> list[psutil.Process]:
+    """The relays of ``box``'s launcher (its children), by pid."""
     launcher = box.engine.runner.launcher  # type: ignore[attr-defined]
-    return sorted(p.pid for p in psutil.Process(launcher.pid).children())
+    return sorted(psutil.Process(launcher.pid).children(), key=lambda relay: relay.pid)
