@@ -668,11 +668,12 @@ class _Syscalls:
 
     def mount(self, source, target: str, fstype, flags: int, data=None) -> None:
         encoded = (source and source.encode(), target.encode(), fstype and fstype.encode())
-        result = self.libc.mount(*encoded, flags, data and data.encode())
-        self._check(result, f"mount {fstype or source} on {target}")
+        if self.libc.mount(*encoded, flags, data and data.encode()) != 0:
+            self._check(-1, f"mount {fstype or source} on {target}")  # (its words only if it failed)
 
     def umount(self, target: str) -> None:
-        self._check(self.libc.umount2(target.encode(), _MNT_DETACH), f"umount {target}")
+        if self.libc.umount2(target.encode(), _MNT_DETACH) != 0:
+            self._check(-1, f"umount {target}")
 
     def idmapped_clone(self, source: str, target: str, userns_fd: int, read_only: bool) -> None:
         """Mount a copy of the mount at ``source`` (not its submounts) on ``target``, its owners
@@ -930,6 +931,8 @@ class _World:
         #: being made or run now (``root`` or the kept one's).
         self.kept: _KeptRoot | None = None
         self.current = self.root
+        #: The relay's socket's flags with and without ``O_ASYNC`` (set once its owner is set).
+        self.socket_flags: tuple | None = None
         #: In a user namespace of the runs' own (see _RunUsers), else the host's root.
         self.users = config.get("userns") is not None
         #: Where the host's root file system is seen as the runs see it (their lowest layer): the
@@ -1186,7 +1189,8 @@ class _World:
         and the host dirs ``world["binds"]`` names (``[host dir, where the run sees it]``). A run
         that ``world["keep"]`` says touches nothing but its own dir ``cwd`` may have the root an
         earlier run kept (:class:`_KeptRoot`)."""
-        self.unmount_run()  # the last run's, if its unmount failed (nothing, else)
+        if self.mounted or (self.kept is not None and self.kept.cwd is not None):
+            self.unmount_run()  # the last run's, if its unmount failed
         self.refresh_mask()
         self.current = self.root
         keep = world.get("keep")
@@ -1302,8 +1306,11 @@ class _World:
     def wait_for_program(self, pid: int, sock: _socket.socket) -> int:
         """The wait status of the program ``pid``, reaping the run's orphans meanwhile."""
         fd = sock.fileno()
-        _fcntl.fcntl(fd, _fcntl.F_SETOWN, os.getpid())
-        _fcntl.fcntl(fd, _fcntl.F_SETFL, _fcntl.fcntl(fd, _fcntl.F_GETFL) | os.O_ASYNC)
+        if self.socket_flags is None:  # (a relay has one socket, for its whole life)
+            _fcntl.fcntl(fd, _fcntl.F_SETOWN, os.getpid())
+            flags = _fcntl.fcntl(fd, _fcntl.F_GETFL) & ~os.O_ASYNC
+            self.socket_flags = (flags | os.O_ASYNC, flags)
+        _fcntl.fcntl(fd, _fcntl.F_SETFL, self.socket_flags[0])
         if _server_left(sock):
             _say_ended_by_relay(0)
             os.kill(-1, _signal.SIGKILL)  # the server left before we watched: end the run
@@ -1318,7 +1325,7 @@ class _World:
                 if done == pid:
                     return status
         finally:
-            _fcntl.fcntl(fd, _fcntl.F_SETFL, _fcntl.fcntl(fd, _fcntl.F_GETFL) & ~os.O_ASYNC)
+            _fcntl.fcntl(fd, _fcntl.F_SETFL, self.socket_flags[1])
 
     @staticmethod
     def anything_left() -> bool:
@@ -1390,17 +1397,26 @@ class _KeptRoot:
             os.mkdir(self.base + "/u", 0o755)
             os.mkdir(self.base + "/w", 0o700)
             self.upper = self.base + "/u"
+            #: Whether the upper layer is on a tmpfs, whose dirs' sizes count their entries (20
+            #: bytes each, and 40 for an empty one): then :meth:`_state` lists no dir. Seen here,
+            #: where the base holds three entries.
+            self.sized = os.lstat(self.upper).st_size == 40 and os.lstat(self.base).st_size == 100
             self.root = world.scratch + "/kept"
             world._mount_overlay(self.root, [], self.upper, self.base + "/w", {})
         except OSError:
             self._remove()
             raise
+        self.shm = self.root + "/dev/shm"
+        #: For :meth:`_state`: its ``parent``, the dirs whose ctime says it all, and ``parent``'s path.
+        self._levels: tuple = ("", [], "")
         self.born = time.monotonic()
         self.runs = 0
         #: What the upper layer held after the first run's dir was made and removed.
         self.state: tuple | None = None
         #: The current run's dir (its path in the run's view), while it is bound here.
         self.cwd: str | None = None
+        #: Where the current run's dir is bound: the mount point in this root.
+        self.target = ""
 
     def serves(self) -> bool:
         """Whether it may serve another run (young enough, not too many runs yet)."""
@@ -1417,6 +1433,7 @@ class _KeptRoot:
             self.state = self._state(os.path.dirname(cwd))
         os.mkdir(target, 0o700)
         self.cwd = cwd
+        self.target = target
         self.runs += 1
         self.world.calls.mount(cwd_host, target, None, _MS_BIND)
 
@@ -1426,31 +1443,33 @@ class _KeptRoot:
         cwd, self.cwd = self.cwd, None
         assert cwd is not None
         try:
-            self.world.calls.umount(self.root + cwd)
-            os.rmdir(self.root + cwd)
-            return self._state(os.path.dirname(cwd)) == self.state
+            self.world.calls.umount(self.target)
+            os.rmdir(self.target)
+            return self._state(cwd.rpartition("/")[0]) == self.state
         except OSError:
             return False
 
     def _state(self, parent: str) -> tuple:
-        """The upper layer's dirs down to ``parent`` and /dev/shm: their entries, modes, owners
-        and extended attributes."""
-        state = []
-        path = self.upper
-        for part in [*[p for p in parent.split("/") if p], None]:
-            info = os.lstat(path)
-            names = sorted(os.listdir(path))
-            xattrs = sorted(
-                (name, os.getxattr(path, name, follow_symlinks=False))
-                for name in os.listxattr(path, follow_symlinks=False)
-            )
-            state.append((names, info.st_mode, info.st_uid, info.st_gid, xattrs))
-            if part is None or names != [part]:
-                break
-            path += "/" + part
-        shm = self.root + "/dev/shm"
-        info = os.lstat(shm)
-        state.append((os.listdir(shm), info.st_mode, info.st_uid, info.st_gid, os.listxattr(shm)))
+        """What a run may not change outside its dir: the upper layer's dirs down to ``parent``,
+        and /dev/shm. Any change of a dir's entries, mode, owner or extended attributes moves its
+        ctime: that says it for the dirs above ``parent`` and for /dev/shm. ``parent`` itself sees
+        each run's dir made and removed in it (its times move): its entries (on a tmpfs, its
+        size counts them), mode, owner and extended attributes are compared instead. Each run
+        pays for this: a few ``lstat`` calls."""
+        if self._levels[0] != parent:
+            path, above = self.upper, []
+            for part in parent.split("/"):
+                if part:
+                    above.append(path)
+                    path += "/" + part
+            self._levels = (parent, [*above, self.shm], path)
+        state = [(info.st_ino, info.st_ctime_ns) for info in map(os.lstat, self._levels[1])]
+        path = self._levels[2]
+        info = os.lstat(path)
+        entries = info.st_size if self.sized else sorted(os.listdir(path))
+        names = os.listxattr(path, follow_symlinks=False)
+        xattrs = [(name, os.getxattr(path, name, follow_symlinks=False)) for name in names]
+        state.append((info.st_ino, info.st_mode, info.st_uid, info.st_gid, entries, xattrs))
         return tuple(state)
 
     def drop(self) -> None:

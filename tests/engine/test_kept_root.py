@@ -82,6 +82,9 @@ def test_a_root_left_untouched_is_kept(sandbox: MockSandbox) -> None:
         "os.setxattr('/tmp', 'user.left', b'x')",
         "open('/dev/shm/left', 'w').write('x')",
         "os.chmod('/dev/shm', 0o700)",
+        "open('/dev/shm/left', 'w').close(); os.remove('/dev/shm/left')",
+        "os.setxattr('/', 'user.left', b'x')",
+        "os.chmod('/', 0o700)",
         "os.mkdir('/tmp/left')",
         "os.symlink('/etc', '/tmp/left')",
     ],
@@ -93,7 +96,7 @@ def test_a_root_a_run_changed_goes_and_the_next_run_sees_nothing_of_it(
         "import os\n"
         "print(os.path.lexists('/tmp/left'), os.path.exists('/etc/left'), os.path.exists('/etc/hostname'),\n"
         "      oct(os.stat('/tmp').st_mode), os.listxattr('/tmp'), os.listdir('/dev/shm'),\n"
-        "      oct(os.stat('/dev/shm').st_mode))\n"
+        "      oct(os.stat('/dev/shm').st_mode), os.listxattr('/'), oct(os.stat('/').st_mode))\n"
     )
     fresh = run(sandbox, look)
     before = kept_roots(sandbox)
