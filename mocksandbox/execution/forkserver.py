@@ -1407,8 +1407,8 @@ class _KeptRoot:
             self._remove()
             raise
         self.shm = self.root + "/dev/shm"
-        #: For :meth:`_state`: its ``parent``, the dirs whose ctime says it all, and ``parent``'s path.
-        self._levels: tuple = ("", [], "")
+        #: For :meth:`_state`: its ``parent``, and the dirs it looks at.
+        self._levels: tuple = ("", [])
         self.born = time.monotonic()
         self.runs = 0
         #: What the upper layer held after the first run's dir was made and removed.
@@ -1451,26 +1451,25 @@ class _KeptRoot:
 
     def _state(self, parent: str) -> tuple:
         """What a run may not change outside its dir: the upper layer's dirs down to ``parent``,
-        and /dev/shm. Any change of a dir's entries, mode, owner or extended attributes moves its
-        ctime: that says it for the dirs above ``parent`` and for /dev/shm. ``parent`` itself sees
-        each run's dir made and removed in it (its times move): its entries (on a tmpfs, its
-        size counts them), mode, owner and extended attributes are compared instead. Each run
-        pays for this: a few ``lstat`` calls."""
+        and /dev/shm, each with its entries, mode, owner and extended attributes. No times: they
+        may not move within a clock tick (coarse timestamps), where a run is quicker than that."""
         if self._levels[0] != parent:
-            path, above = self.upper, []
+            path, levels = self.upper, []
             for part in parent.split("/"):
                 if part:
-                    above.append(path)
+                    levels.append(path)
                     path += "/" + part
-            self._levels = (parent, [*above, self.shm], path)
-        state = [(info.st_ino, info.st_ctime_ns) for info in map(os.lstat, self._levels[1])]
-        path = self._levels[2]
+            self._levels = (parent, [*levels, path, self.shm])
+        return tuple(map(self._dir_state, self._levels[1]))
+
+    def _dir_state(self, path: str) -> tuple:
+        """A dir of :meth:`_state`: on a tmpfs its size counts its entries (each run pays for this
+        check: an ``lstat``, not a listing), elsewhere they are listed."""
         info = os.lstat(path)
         entries = info.st_size if self.sized else sorted(os.listdir(path))
         names = os.listxattr(path, follow_symlinks=False)
         xattrs = [(name, os.getxattr(path, name, follow_symlinks=False)) for name in names]
-        state.append((info.st_ino, info.st_mode, info.st_uid, info.st_gid, entries, xattrs))
-        return tuple(state)
+        return (info.st_ino, info.st_mode, info.st_uid, info.st_gid, entries, xattrs)
 
     def drop(self) -> None:
         """Unmount it (its run's dir too, if bound) and remove its upper layer."""
