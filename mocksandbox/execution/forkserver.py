@@ -1407,8 +1407,8 @@ class _KeptRoot:
             self._remove()
             raise
         self.shm = self.root + "/dev/shm"
-        #: For :meth:`_state`: its ``parent``, and the dirs it looks at.
-        self._levels: tuple = ("", [])
+        #: The dirs :meth:`_state` looks at, set by the first run (see :meth:`take`).
+        self.checked: list[str] = []
         self.born = time.monotonic()
         self.runs = 0
         #: What the upper layer held after the first run's dir was made and removed.
@@ -1428,9 +1428,17 @@ class _KeptRoot:
         if self.state is None:
             # The dirs on the way are copied up by the first mkdir under them: made, then what the
             # upper layer holds is what every later run must leave.
+            # The runs of a root share that parent dir (the server's temp dir, as runs see it); a
+            # run's dir elsewhere would copy its own parents up, which the check sees.
             os.makedirs(target, 0o700)
             os.rmdir(target)
-            self.state = self._state(os.path.dirname(cwd))
+            path, self.checked = self.upper, []
+            for part in os.path.dirname(cwd).split("/"):
+                if part:
+                    self.checked.append(path)
+                    path += "/" + part
+            self.checked += [path, self.shm]
+            self.state = self._state()
         os.mkdir(target, 0o700)
         self.cwd = cwd
         self.target = target
@@ -1440,27 +1448,21 @@ class _KeptRoot:
     def give_back(self) -> bool:
         """Once the run's processes are gone: its dir unbound and its mount point removed; whether
         the root is as the first run found it."""
-        cwd, self.cwd = self.cwd, None
-        assert cwd is not None
+        assert self.cwd is not None
+        self.cwd = None
         try:
             self.world.calls.umount(self.target)
             os.rmdir(self.target)
-            return self._state(cwd.rpartition("/")[0]) == self.state
+            return self._state() == self.state
         except OSError:
             return False
 
-    def _state(self, parent: str) -> tuple:
-        """What a run may not change outside its dir: the upper layer's dirs down to ``parent``,
-        and /dev/shm, each with its entries, mode, owner and extended attributes. No times: they
-        may not move within a clock tick (coarse timestamps), where a run is quicker than that."""
-        if self._levels[0] != parent:
-            path, levels = self.upper, []
-            for part in parent.split("/"):
-                if part:
-                    levels.append(path)
-                    path += "/" + part
-            self._levels = (parent, [*levels, path, self.shm])
-        return tuple(map(self._dir_state, self._levels[1]))
+    def _state(self) -> tuple:
+        """What a run may not change outside its dir: the upper layer's dirs down to the runs'
+        parent dir, and /dev/shm (:attr:`checked`), each with its entries, mode, owner and extended
+        attributes. No times: they may not move within a clock tick (coarse timestamps), where a
+        run is quicker than that."""
+        return tuple(map(self._dir_state, self.checked))
 
     def _dir_state(self, path: str) -> tuple:
         """A dir of :meth:`_state`: on a tmpfs its size counts its entries (each run pays for this
