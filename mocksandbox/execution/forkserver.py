@@ -77,6 +77,11 @@ _STATUS_ENDED_BY_RELAY = b"K"
 _WATCHED_STATUS_FD: "int | None" = None
 #: This relay's socket with the server (for _end_the_run), once it is a relay.
 _RELAY_SOCKET: "_socket.socket | None" = None
+#: That socket's flags with and without ``O_ASYNC``, once its owner is set (one socket a relay).
+_RELAY_SOCKET_FLAGS: "tuple | None" = None
+#: The program a relay on the host is watching (for _end_the_run): from its fork until its
+#: relay reaps it, while its pid can be no other process's.
+_WATCHED_PID: "int | None" = None
 _PR_SET_CHILD_SUBREAPER = 36
 _MAX_FDS = 65536
 #: Dispositions the launcher changes (or CPython set at start-up) that a new program must not
@@ -298,6 +303,7 @@ def _relay(sock: _socket.socket, request: dict, fds: list, ran_fd: int) -> None:
     _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)  # the launcher ignores it; we must wait
     global _RELAY_SOCKET
     _RELAY_SOCKET = sock
+    _signal.signal(_signal.SIGIO, _end_the_run)  # (a world's relay sets it again, as its PID 1)
     if _WORLD_CONFIG is not None and request.get("world") is not None:
         global _WORLD
         try:
@@ -365,7 +371,7 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
     _WATCHED_STATUS_FD = status_fd
     try:
         _write_all(status_fd, _STATUS_PID + pid.to_bytes(8, "little"))
-        status = _WORLD.wait_for_program(pid, sock) if world is not None else _wait_for(pid)
+        status = _WORLD.wait_for_program(pid, sock) if world is not None else _wait_for_on_host(pid, sock)
         try:
             if world is not None:
                 _end_what_the_program_left(world)
@@ -413,12 +419,39 @@ def _say_fault(when: str, exc: BaseException) -> None:
         pass
 
 
+def _wait_for_on_host(pid: int, sock: _socket.socket) -> int:
+    """The wait status of our child ``pid`` (a run on the host), watching our socket meanwhile:
+    if the server lets the run go (its deadline passed before it knew the program's pid, so it
+    could kill neither by pid nor, where the program had not joined it yet, by cgroup), its end
+    closes and the program's group is killed here (see _end_the_run)."""
+    global _WATCHED_PID
+    _WATCHED_PID = pid
+    try:
+        if _watch_server(sock):
+            _say_ended_by_relay(0)
+            _kill_host_program(pid)  # the server left before we watched
+        return _wait_for(pid)
+    finally:
+        _WATCHED_PID = None
+        _unwatch_server(sock)
+
+
+def _kill_host_program(pid: int) -> None:
+    """Kill our unreaped child ``pid`` and its process group (it may not have made one yet)."""
+    for kill in (os.kill, os.killpg):
+        try:
+            kill(pid, _signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def _wait_for(pid: int) -> int:
     """The wait status of our child ``pid`` (a run on the host), once what it left in its process
     group is killed. That is done here, while the program is a zombie not yet reaped: until then
     its pid, which is its group's id, cannot go to another process. Once reaped, a kill of the
     group by that id (as the server's process-group jail would make) could reach whoever took
     the number, anywhere on the host."""
+    global _WATCHED_PID
     while True:
         try:
             os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
@@ -431,6 +464,7 @@ def _wait_for(pid: int) -> int:
         os.killpg(pid, _signal.SIGKILL)
     except OSError:
         pass  # (only the zombie was left: nothing to kill)
+    _WATCHED_PID = None  # (before the reap: a SIGIO from here on must not kill by this pid)
     while True:
         try:
             return os.waitpid(pid, 0)[1]
@@ -455,8 +489,10 @@ def _start_program(request: dict, fds: list) -> None:
         _apply_rlimits(request.get("rlimits", ()))
         if request.get("world") is not None:
             _WORLD.enter(request["cwd"])
-        elif _SYSCALLS is not None:
-            _SYSCALLS.set_command_line()  # where this program may (root): as in a world
+        else:
+            _signal.signal(_signal.SIGIO, _signal.SIG_DFL)  # the relay's, not the program's
+            if _SYSCALLS is not None:
+                _SYSCALLS.set_command_line()  # where this program may (root): as in a world
     except BaseException as exc:
         # The run never started: why on the run's stderr, then said on the status pipe.
         try:
@@ -931,8 +967,6 @@ class _World:
         #: being made or run now (``root`` or the kept one's).
         self.kept: _KeptRoot | None = None
         self.current = self.root
-        #: The relay's socket's flags with and without ``O_ASYNC`` (set once its owner is set).
-        self.socket_flags: tuple | None = None
         #: In a user namespace of the runs' own (see _RunUsers), else the host's root.
         self.users = config.get("userns") is not None
         #: Where the host's root file system is seen as the runs see it (their lowest layer): the
@@ -1305,13 +1339,7 @@ class _World:
 
     def wait_for_program(self, pid: int, sock: _socket.socket) -> int:
         """The wait status of the program ``pid``, reaping the run's orphans meanwhile."""
-        fd = sock.fileno()
-        if self.socket_flags is None:  # (a relay has one socket, for its whole life)
-            _fcntl.fcntl(fd, _fcntl.F_SETOWN, os.getpid())
-            flags = _fcntl.fcntl(fd, _fcntl.F_GETFL) & ~os.O_ASYNC
-            self.socket_flags = (flags | os.O_ASYNC, flags)
-        _fcntl.fcntl(fd, _fcntl.F_SETFL, self.socket_flags[0])
-        if _server_left(sock):
+        if _watch_server(sock):
             _say_ended_by_relay(0)
             os.kill(-1, _signal.SIGKILL)  # the server left before we watched: end the run
         try:
@@ -1325,7 +1353,7 @@ class _World:
                 if done == pid:
                     return status
         finally:
-            _fcntl.fcntl(fd, _fcntl.F_SETFL, self.socket_flags[1])
+            _unwatch_server(sock)
 
     @staticmethod
     def anything_left() -> bool:
@@ -1532,8 +1560,28 @@ def _server_left(sock: _socket.socket) -> bool:
         return True  # (reset: gone all the same)
 
 
+def _watch_server(sock: _socket.socket) -> bool:
+    """Put the relay's socket ``sock`` in async mode (SIGIO when the server's end closes), while a
+    program runs; whether the server had left already (closed before we watched: no SIGIO)."""
+    global _RELAY_SOCKET_FLAGS
+    fd = sock.fileno()
+    if _RELAY_SOCKET_FLAGS is None:  # (a relay has one socket, for its whole life)
+        _fcntl.fcntl(fd, _fcntl.F_SETOWN, os.getpid())
+        flags = _fcntl.fcntl(fd, _fcntl.F_GETFL) & ~os.O_ASYNC
+        _RELAY_SOCKET_FLAGS = (flags | os.O_ASYNC, flags)
+    _fcntl.fcntl(fd, _fcntl.F_SETFL, _RELAY_SOCKET_FLAGS[0])
+    return _server_left(sock)
+
+
+def _unwatch_server(sock: _socket.socket) -> None:
+    if _RELAY_SOCKET_FLAGS is not None:
+        _fcntl.fcntl(sock.fileno(), _fcntl.F_SETFL, _RELAY_SOCKET_FLAGS[1])
+
+
 def _end_the_run(signum: int, frame: object) -> None:
-    """SIGIO in a world's relay while a program runs: if the server let the run go (its deadline
+    """SIGIO in a relay while a program runs: on the host, if the server let the run go, the
+    program's group is killed (the relay then reaps it, finds its socket closed and leaves).
+    In a world's relay: if the server let the run go (its deadline
     passed, where no cgroup kills it) or is gone, its end of our socket is closed. Every process
     of the namespace is then killed (a signal to -1 from its PID 1 reaches all the others), then
     the relay; its kept root goes first, once nothing of the run writes any more: what a timed-out
@@ -1552,6 +1600,11 @@ def _end_the_run(signum: int, frame: object) -> None:
     if _RELAY_SOCKET is None or not _server_left(_RELAY_SOCKET):
         return
     _say_ended_by_relay(signum)
+    if _WATCHED_PID is not None:  # a run on the host: never -1, which is every process we may signal
+        _kill_host_program(_WATCHED_PID)
+        return
+    if _WORLD is None:
+        return
     os.kill(-1, _signal.SIGKILL)
     if _WORLD is not None:
         _WORLD.reap(until_gone=True)

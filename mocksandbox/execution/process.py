@@ -18,6 +18,7 @@ import errno
 import math
 import os
 import selectors
+import signal
 import socket
 import time
 from collections.abc import Mapping
@@ -195,6 +196,16 @@ def _set_send_buffer(sock: socket.socket, size: int) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size // 2)
 
 
+def _kill_program_and_group(pid: int) -> None:
+    """SIGKILL a run's program by its pid, and its process group (which it may not have made yet:
+    it makes it first thing after its fork)."""
+    for kill in (os.kill, os.killpg):
+        try:
+            kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 class ProcessRunner:
     """Runs commands through the launcher under a :class:`Confinement`, capturing capped output."""
 
@@ -361,6 +372,13 @@ class ProcessRunner:
                 timed_out, elapsed = False, exited_at - started
             if status.launch_error is not None:
                 raise _LaunchFailed(status.launch_error, self._launcher_said(selector, stderr_fd, streams))
+            on_host = spec.world is None
+            if timed_out and on_host and status.pid is None:
+                # The deadline passed before the relay said the program's pid (a loaded machine, a
+                # deadline of a few milliseconds): the program may start yet, and join its cgroup
+                # after the kill below looked there. Its pid comes first; it is killed by it. (One
+                # that takes longer than this, its relay kills: it finds its socket closed.)
+                self._wait_for_relay(selector, status_fd, status, streams, _DRAIN_GRACE_S, until_pid=True)
             if status.pid is not None and by_pid and isinstance(jail, ProcessGroupJail):
                 jail.attach(status.pid)
             if not timed_out:
@@ -377,6 +395,10 @@ class ProcessRunner:
                     self.launcher.release(relay, False)
                     released = True
             else:
+                if timed_out and on_host and status.pid is not None and status.wait_status is None:
+                    # Not reaped yet (its relay reaps it only after it said so): the pid is still
+                    # the program's. By pid first, as it may not have joined its cgroup yet.
+                    _kill_program_and_group(status.pid)
                 jail.kill_all()
             drain_deadline = time.monotonic() + _DRAIN_GRACE_S
             # (The status pipe too: a timed-out run's relay reports the kill and is then reusable.)
@@ -445,9 +467,16 @@ class ProcessRunner:
         status_fd: int,
         status: _StatusReader,
         streams: dict[int, CapturedStream],
+        within: float = _RELAY_DONE_GRACE_S,
+        until_pid: bool = False,
     ) -> None:
-        deadline = time.monotonic() + _RELAY_DONE_GRACE_S
+        """Read the relay's status (and the run's output) until it closes the status pipe, or
+        ``until_pid`` until it said the program's pid (or that it could not start it), for at most
+        ``within`` seconds."""
+        deadline = time.monotonic() + within
         while status_fd in selector.get_map():
+            if until_pid and (status.pid is not None or status.launch_error is not None):
+                return
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return

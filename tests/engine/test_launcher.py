@@ -31,13 +31,14 @@ def _run(launcher: Launcher, request: dict[str, object]) -> tuple[bytes, int]:
     pipes = [os.pipe() for _ in range(4)]
     (stdin_r, stdin_w), (stdout_r, stdout_w), (stderr_r, stderr_w), (status_r, status_w) = pipes
     try:
-        launcher.launch(request, [stdin_r, stdout_w, stderr_w, status_w])
+        relay = launcher.launch(request, [stdin_r, stdout_w, stderr_w, status_w])
     finally:
         for fd in (stdin_r, stdout_w, stderr_w, status_w, stdin_w):
             os.close(fd)
     status = b""
-    while chunk := os.read(status_r, 64):  # ends when the relay exits
+    while chunk := os.read(status_r, 64):  # ends when the relay has said how the run ended
         status += chunk
+    launcher.release(relay, True)  # (held until then: a relay whose socket closes ends its run)
     stdout = b""
     while chunk := os.read(stdout_r, 65536):
         stdout += chunk
@@ -107,3 +108,61 @@ def test_a_server_started_without_stderr_still_runs_programs(tmp_path: Path) -> 
         check=True,
     )
     assert json.loads(done.stdout) == [["backslashreplace\n", "2\n", 0], ["1\n", "2\n", 0]]
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("mode", ["exec", "python"])
+def test_a_host_relay_the_server_lets_go_mid_run_kills_its_program(
+    launcher: Launcher, tmp_path: Path, mode: str
+) -> None:
+    """The server closes a relay's socket where it gave a run up without killing it (its deadline
+    passed before it learnt the program's pid; or the server died): the relay, a run on the host's
+    parent, kills the program and what it started, says it did (``K``), and leaves."""
+    pid_file = tmp_path / "started"
+    script = tmp_path / "program.py"
+    script.write_text(
+        "import os, subprocess, time\n"
+        "child = subprocess.Popen(['sleep', '60'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(60)\n"
+    )
+    argv = [sys.executable, str(script)] if mode == "exec" else None
+    request = _request(tmp_path, "", mode=mode, argv=argv, file=str(script))
+    pipes = [os.pipe() for _ in range(4)]
+    (stdin_r, stdin_w), (stdout_r, stdout_w), (stderr_r, stderr_w), (status_r, status_w) = pipes
+    try:
+        relay = launcher.launch(request, [stdin_r, stdout_w, stderr_w, status_w])
+    finally:
+        for fd in (stdin_r, stdout_w, stderr_w, status_w, stdin_w):
+            os.close(fd)
+    try:
+        status = os.read(status_r, 9)
+        assert status[:1] == b"P", status
+        program = int.from_bytes(status[1:9], "little")
+        deadline = time.monotonic() + 60
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        child = int(pid_file.read_text())
+        assert _alive(program) and _alive(child)
+
+        launcher.release(relay, False)  # closes our end: the relay's SIGIO
+
+        said = b""
+        while chunk := os.read(status_r, 64):  # ends when the relay exits
+            said += chunk
+        assert said[:1] == b"K", said
+        deadline = time.monotonic() + 30
+        while (_alive(program) or _alive(child)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not _alive(program) and not _alive(child)
+    finally:
+        for fd in (status_r, stdout_r, stderr_r):
+            os.close(fd)
