@@ -35,7 +35,9 @@ def launcher_cgroup(
     engine = budgeted_engine(exec_mode="fork", isolation="none")
     launcher = engine.runner.launcher  # type: ignore[attr-defined]
     home = own_cgroup_dir("pids")
-    group = home / f"mocksandbox-test-starved-{uuid.uuid4().hex[:8]}"
+    # Not "mocksandbox-*": a server starting meanwhile (another xdist worker's) takes an unlocked
+    # group of that name for a dead server's, and removes it.
+    group = home / f"test-of-mocksandbox-starved-{uuid.uuid4().hex[:8]}"
     group.mkdir()
     try:
         (group / "cgroup.procs").write_text(str(launcher.pid))

@@ -253,7 +253,9 @@ def make_test_cgroup(controller: str, purpose: str, configure: Callable[[Path], 
     is skipped, with the reason, where one cannot be made. Remove it with :func:`kill_and_remove`."""
     if not CgroupConfinement.available():
         pytest.skip(f"cgroup v1 pids/memory/freezer controllers are not writable here: no {purpose} cgroup")
-    group = own_cgroup_dir(controller) / f"mocksandbox-test-{purpose}-{uuid.uuid4().hex[:8]}"
+    # Not "mocksandbox-*": a server starting meanwhile (another xdist worker's) takes an unlocked
+    # group of that name for a dead server's, and removes it.
+    group = own_cgroup_dir(controller) / f"test-of-mocksandbox-{purpose}-{uuid.uuid4().hex[:8]}"
     try:
         group.mkdir()
         configure(group)
