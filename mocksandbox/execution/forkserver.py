@@ -344,7 +344,9 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
             if _WORLD is None:
                 raise OSError(95, "this launcher makes no worlds")  # EOPNOTSUPP
             _WORLD.mount_run(world, request["cwd"])
-            _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)  # this run's children: ours to wait for
+            if _WORLD.kernel_reaps:  # this run's children: ours to wait for
+                _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
+                _WORLD.kernel_reaps = False
         _THREAD_STACKS.prepare(request)
         if _SYSCALLS is not None:  # (an exec'ed program gets its command line from execve)
             _SYSCALLS.prepare_command_line(
@@ -369,12 +371,14 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
     _close_all(fds[:3])
     global _WATCHED_STATUS_FD
     _WATCHED_STATUS_FD = status_fd
+    nothing_left = False
     try:
         _write_all(status_fd, _STATUS_PID + pid.to_bytes(8, "little"))
         status = _WORLD.wait_for_program(pid, sock) if world is not None else _wait_for_on_host(pid, sock)
         try:
             if world is not None:
                 _end_what_the_program_left(world)
+                nothing_left = True
         except Exception as exc:  # (how the program ended is known: it is said all the same)
             _say_fault("after its program ended", exc)
         _write_all(status_fd, _STATUS_EXIT + status.to_bytes(8, "little", signed=True))
@@ -382,7 +386,7 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
         pass  # the server gave up on this run (it closed its end): nobody to tell
     finally:
         _WATCHED_STATUS_FD = None
-        if world is not None:
+        if world is not None and not nothing_left:
             _WORLD.reap()
         os.close(status_fd)
         if world is not None:
@@ -967,6 +971,9 @@ class _World:
         #: being made or run now (``root`` or the kept one's).
         self.kept: _KeptRoot | None = None
         self.current = self.root
+        #: SIGCHLD is ignored (see reap): the kernel reaps the run's orphans; not while a run is
+        #: on (the relay is made with it at its default, and must wait for its program).
+        self.kernel_reaps = False
         #: In a user namespace of the runs' own (see _RunUsers), else the host's root.
         self.users = config.get("userns") is not None
         #: Where the host's root file system is seen as the runs see it (their lowest layer): the
@@ -1332,7 +1339,10 @@ class _World:
     # The relay is PID 1 of the run's namespace: the run's orphans come to it, and each one that
     # dies must be reaped at once (a zombie still counts against pids.max, and the server answers
     # only once the run's cgroup is empty). While a program runs, the relay reaps in its blocking
-    # wait; between runs, SIGCHLD is ignored, so that the kernel reaps them. And while a program
+    # wait; once it has exited, what it left is killed and reaped before the answer
+    # (_end_what_the_program_left), so that no process of the run is left between runs. Where
+    # that could not be done (the server gave the run up first), SIGCHLD is ignored until the
+    # next run, so that the kernel reaps what is left as it dies (reap). And while a program
     # runs, the relay's socket is in async mode: if the server dies (its end closes), SIGIO ends
     # the run and the relay (see _end_the_run).
     # Little Python runs in the relay while a program lives: every page it writes then is copied.
@@ -1367,12 +1377,12 @@ class _World:
             return False
         return True
 
-    @staticmethod
-    def reap(until_gone: bool = False) -> None:
+    def reap(self, until_gone: bool = False) -> None:
         """Reap what died of the run, and let the kernel reap the rest until the next run; with
         ``until_gone``, wait until every process of the namespace (killed) has died first."""
         if not until_gone:
             _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)
+            self.kernel_reaps = True
         while True:
             try:
                 if os.waitpid(-1, 0 if until_gone else os.WNOHANG)[0] == 0:
@@ -1485,21 +1495,25 @@ class _KeptRoot:
         except OSError:
             return False
 
-    def _state(self) -> tuple:
+    def _state(self) -> list:
         """What a run may not change outside its dir: the upper layer's dirs down to the runs'
-        parent dir, and /dev/shm (:attr:`checked`), each with its entries, mode, owner and extended
-        attributes. No times: they may not move within a clock tick (coarse timestamps), where a
-        run is quicker than that."""
-        return tuple(map(self._dir_state, self.checked))
+        parent dir, and /dev/shm (:attr:`checked`), each with its entries, mode, owner and the
+        names of its extended attributes. No times: they may not move within a clock tick (coarse
+        timestamps), where a run is quicker than that. No xattr values: the only xattrs there
+        before a run are the overlay's own, which no run may set or change (overlayfs refuses its
+        own prefix), and one a run sets shows by its name.
 
-    def _dir_state(self, path: str) -> tuple:
-        """A dir of :meth:`_state`: on a tmpfs its size counts its entries (each run pays for this
-        check: an ``lstat``, not a listing), elsewhere they are listed."""
-        info = os.lstat(path)
-        entries = info.st_size if self.sized else sorted(os.listdir(path))
-        names = os.listxattr(path, follow_symlinks=False)
-        xattrs = [(name, os.getxattr(path, name, follow_symlinks=False)) for name in names]
-        return (info.st_ino, info.st_mode, info.st_uid, info.st_gid, entries, xattrs)
+        On a tmpfs a dir's size counts its entries (each run pays for this check: an ``lstat``,
+        not a listing); elsewhere they are listed. One loop, no call per dir: this runs after
+        every run, in a relay whose every page written is a fault after the fork."""
+        return [
+            (
+                os.lstat(path)[:7],  # mode, inode, device, links, owner, group, size
+                os.listxattr(path, follow_symlinks=False),
+                None if self.sized else sorted(os.listdir(path)),
+            )
+            for path in self.checked
+        ]
 
     def drop(self) -> None:
         """Unmount it (its run's dir too, if bound) and remove its upper layer."""

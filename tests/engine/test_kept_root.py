@@ -84,6 +84,11 @@ def test_a_root_left_untouched_is_kept(sandbox: MockSandbox) -> None:
         "os.chmod('/dev/shm', 0o700)",
         "os.setxattr('/', 'user.left', b'x')",
         "os.chmod('/', 0o700)",
+        # The overlay's own names: kept apart from its own (escaped) since Linux 6.7, refused
+        # before. Either way no run changes the value of one the root had: the check compares
+        # names only.
+        "try:\n    os.setxattr('/', 'user.overlay.impure', b'n')\nexcept OSError:\n    pass",
+        "try:\n    os.setxattr('/tmp', 'user.overlay.origin', b'x')\nexcept OSError:\n    pass",
         "os.mkdir('/tmp/left')",
         "os.symlink('/etc', '/tmp/left')",
     ],
