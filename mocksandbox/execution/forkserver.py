@@ -1620,9 +1620,8 @@ def _end_the_run(signum: int, frame: object) -> None:
     if _WORLD is None:
         return
     os.kill(-1, _signal.SIGKILL)
-    if _WORLD is not None:
-        _WORLD.reap(until_gone=True)
-        _WORLD.drop_kept()
+    _WORLD.reap(until_gone=True)
+    _WORLD.drop_kept()
     os._exit(1)
 
 
