@@ -288,25 +288,17 @@ def test_timeout_kills_the_whole_tree(sandbox: MockSandbox) -> None:
     assert wait_gone(f"50.{marker}") == []
 
 
-def test_a_run_timed_out_before_its_program_started_leaves_nothing(sandbox: MockSandbox) -> None:
+@pytest.mark.parametrize("server_waits_for_the_pid", [True, False], ids=["by-the-server", "by-its-relay"])
+def test_a_run_timed_out_before_its_program_started_leaves_nothing(
+    sandbox: MockSandbox, monkeypatch: pytest.MonkeyPatch, server_waits_for_the_pid: bool
+) -> None:
     """A deadline that passes before the relay has even said the program's pid (a loaded machine:
     here a deadline of a millisecond makes it so): the program it starts late, and what that
-    starts, are killed all the same, not left to run to their end."""
-    marker = f"{uuid.uuid4().int % 10**6}"
-    code = f"import subprocess, time\nsubprocess.Popen(['sleep', '50.{marker}'])\ntime.sleep(30)"
-    result = run(sandbox, code, run_timeout=0.001)
-    assert result.run_result is not None
-    assert result.run_result.status == CommandRunStatus.TimeLimitExceeded
-    assert wait_gone(f"50.{marker}") == []
-
-
-def test_a_run_its_server_gave_up_on_before_it_started_is_ended_by_its_relay(
-    sandbox: MockSandbox, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The same, where the relay is later still (here: the server waits for nothing after the
-    deadline): the server lets the relay go without having known the program's pid, and the relay,
-    finding its socket closed, kills what it started."""
-    monkeypatch.setattr(process_runner, "_DRAIN_GRACE_S", 0.0)
+    starts, are killed all the same, not left to run to their end. By the server, which waits for
+    the pid; or, where the relay is later still (here: the server waits for nothing after the
+    deadline), by the relay, which finds its socket with the server closed."""
+    if not server_waits_for_the_pid:
+        monkeypatch.setattr(process_runner, "_DRAIN_GRACE_S", 0.0)
     marker = f"{uuid.uuid4().int % 10**6}"
     code = f"import subprocess, time\nsubprocess.Popen(['sleep', '50.{marker}'])\ntime.sleep(30)"
     result = run(sandbox, code, run_timeout=0.001)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -26,8 +27,9 @@ def launcher() -> Iterator[Launcher]:
         started.close()
 
 
-def _run(launcher: Launcher, request: dict[str, object]) -> tuple[bytes, int]:
-    """Send one run; its stdout and the wait status the relay reported."""
+def _launch(launcher: Launcher, request: dict[str, object]) -> tuple[socket.socket, int, int, int]:
+    """Send one run (no stdin): its relay's socket, and the read ends of its stdout, stderr and
+    status pipes."""
     pipes = [os.pipe() for _ in range(4)]
     (stdin_r, stdin_w), (stdout_r, stdout_w), (stderr_r, stderr_w), (status_r, status_w) = pipes
     try:
@@ -35,6 +37,12 @@ def _run(launcher: Launcher, request: dict[str, object]) -> tuple[bytes, int]:
     finally:
         for fd in (stdin_r, stdout_w, stderr_w, status_w, stdin_w):
             os.close(fd)
+    return relay, stdout_r, stderr_r, status_r
+
+
+def _run(launcher: Launcher, request: dict[str, object]) -> tuple[bytes, int]:
+    """Send one run; its stdout and the wait status the relay reported."""
+    relay, stdout_r, stderr_r, status_r = _launch(launcher, request)
     status = b""
     while chunk := os.read(status_r, 64):  # ends when the relay has said how the run ended
         status += chunk
@@ -135,14 +143,9 @@ def test_a_host_relay_the_server_lets_go_mid_run_kills_its_program(
         "time.sleep(60)\n"
     )
     argv = [sys.executable, str(script)] if mode == "exec" else None
-    request = _request(tmp_path, "", mode=mode, argv=argv, file=str(script))
-    pipes = [os.pipe() for _ in range(4)]
-    (stdin_r, stdin_w), (stdout_r, stdout_w), (stderr_r, stderr_w), (status_r, status_w) = pipes
-    try:
-        relay = launcher.launch(request, [stdin_r, stdout_w, stderr_w, status_w])
-    finally:
-        for fd in (stdin_r, stdout_w, stderr_w, status_w, stdin_w):
-            os.close(fd)
+    relay, stdout_r, stderr_r, status_r = _launch(
+        launcher, _request(tmp_path, "", mode=mode, argv=argv, file=str(script))
+    )
     try:
         status = os.read(status_r, 9)
         assert status[:1] == b"P", status
