@@ -13,7 +13,6 @@ import pytest
 
 from mocksandbox import divergence
 from mocksandbox.core import MockSandbox
-from mocksandbox.execution import process as process_runner
 from mocksandbox.execution.launcher import Launcher
 from mocksandbox.execution.workdirs import IDLE_WORKDIRS
 from mocksandbox.execution.world import holds_no_layers
@@ -288,17 +287,12 @@ def test_timeout_kills_the_whole_tree(sandbox: MockSandbox) -> None:
     assert wait_gone(f"50.{marker}") == []
 
 
-@pytest.mark.parametrize("server_waits_for_the_pid", [True, False], ids=["by-the-server", "by-its-relay"])
-def test_a_run_timed_out_before_its_program_started_leaves_nothing(
-    sandbox: MockSandbox, monkeypatch: pytest.MonkeyPatch, server_waits_for_the_pid: bool
-) -> None:
+def test_a_run_timed_out_before_its_program_started_leaves_nothing(sandbox: MockSandbox) -> None:
     """A deadline that passes before the relay has even said the program's pid (a loaded machine:
-    here a deadline of a millisecond makes it so): the program it starts late, and what that
-    starts, are killed all the same, not left to run to their end. By the server, which waits for
-    the pid; or, where the relay is later still (here: the server waits for nothing after the
-    deadline), by the relay, which finds its socket with the server closed."""
-    if not server_waits_for_the_pid:
-        monkeypatch.setattr(process_runner, "_DRAIN_GRACE_S", 0.0)
+    here a deadline of a millisecond makes it so): the server waits for the pid and kills the
+    program by it, and what that started with it, rather than leave them to run to their end.
+    (Where the pid comes later still, the relay kills them once the server lets it go:
+    ``test_launcher.py::test_a_host_relay_the_server_lets_go_mid_run_kills_its_program``.)"""
     marker = f"{uuid.uuid4().int % 10**6}"
     code = f"import subprocess, time\nsubprocess.Popen(['sleep', '50.{marker}'])\ntime.sleep(30)"
     result = run(sandbox, code, run_timeout=0.001)

@@ -132,8 +132,8 @@ def test_a_host_relay_the_server_lets_go_mid_run_kills_its_program(
     launcher: Launcher, tmp_path: Path, mode: str
 ) -> None:
     """The server closes a relay's socket where it gave a run up without killing it (its deadline
-    passed before it learnt the program's pid; or the server died): the relay, a run on the host's
-    parent, kills the program and what it started, says it did (``K``), and leaves."""
+    passed before it learnt the program's pid; or the server died): the relay, parent of a run on
+    the host, kills the program and what it started, says it did (``K``), and leaves."""
     pid_file = tmp_path / "started"
     script = tmp_path / "program.py"
     script.write_text(
