@@ -424,17 +424,42 @@ def _say_fault(when: str, exc: BaseException) -> None:
 
 
 def _wait_for_on_host(pid: int, sock: _socket.socket) -> int:
-    """The wait status of our child ``pid`` (a run on the host), watching our socket meanwhile:
-    if the server lets the run go (its deadline passed before it knew the program's pid, so it
-    could kill neither by pid nor, where the program had not joined it yet, by cgroup), its end
-    closes and the program's group is killed here (see _end_the_run)."""
+    """The wait status of our child ``pid`` (a run on the host), once what it left in its process
+    group is killed, watching our socket meanwhile: if the server lets the run go (its deadline
+    passed before it knew the program's pid, so it could kill neither by pid nor, where the
+    program had not joined it yet, by cgroup), its end closes and the program's group is killed
+    here (see _end_the_run).
+
+    The group is killed while the program is a zombie not yet reaped: until then its pid, which
+    is its group's id, cannot go to another process. Once reaped, a kill of the group by that id
+    (as the server's process-group jail would make) could reach whoever took the number,
+    anywhere on the host; so the pid is forgotten before the reap."""
     global _WATCHED_PID
     _WATCHED_PID = pid
     try:
         if _watch_server(sock):
             _say_ended_by_relay(0)
             _kill_host_program(pid)  # the server left before we watched
-        return _wait_for(pid)
+        while True:
+            try:
+                os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+                break
+            except InterruptedError:
+                continue
+            except ChildProcessError:
+                return 255 << 8
+        try:
+            os.killpg(pid, _signal.SIGKILL)
+        except OSError:
+            pass  # (only the zombie was left: nothing to kill)
+        _WATCHED_PID = None  # (before the reap: a SIGIO from here on must not kill by this pid)
+        while True:
+            try:
+                return os.waitpid(pid, 0)[1]
+            except InterruptedError:
+                continue
+            except ChildProcessError:
+                return 255 << 8
     finally:
         _WATCHED_PID = None
         _unwatch_server(sock)
@@ -447,35 +472,6 @@ def _kill_host_program(pid: int) -> None:
             kill(pid, _signal.SIGKILL)
         except OSError:
             pass
-
-
-def _wait_for(pid: int) -> int:
-    """The wait status of our child ``pid`` (a run on the host), once what it left in its process
-    group is killed. That is done here, while the program is a zombie not yet reaped: until then
-    its pid, which is its group's id, cannot go to another process. Once reaped, a kill of the
-    group by that id (as the server's process-group jail would make) could reach whoever took
-    the number, anywhere on the host."""
-    global _WATCHED_PID
-    while True:
-        try:
-            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
-            break
-        except InterruptedError:
-            continue
-        except ChildProcessError:
-            return 255 << 8
-    try:
-        os.killpg(pid, _signal.SIGKILL)
-    except OSError:
-        pass  # (only the zombie was left: nothing to kill)
-    _WATCHED_PID = None  # (before the reap: a SIGIO from here on must not kill by this pid)
-    while True:
-        try:
-            return os.waitpid(pid, 0)[1]
-        except InterruptedError:
-            continue
-        except ChildProcessError:
-            return 255 << 8
 
 
 def _start_program(request: dict, fds: list) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import uuid
 from typing import Any
@@ -36,15 +35,12 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def run(args: argparse.Namespace) -> int:
     from mocksandbox.recording.cassette import CassetteWriter
     from mocksandbox.recording.forward import Forwarder
     from mocksandbox.recording.proxy import create_proxy_server
     from mocksandbox.recording.recorder import Recorder
+    from mocksandbox.serving.banner import stop_on_signals
 
     # A new run replaces the cassette's old lines at its first exchange (not before: a proxy that
     # records nothing leaves the cassette as it was).
@@ -63,8 +59,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.redact:
         print(f"  redacted: {', '.join(args.redact)}", flush=True)
-    signal.signal(signal.SIGINT, _interrupt)
-    signal.signal(signal.SIGTERM, _interrupt)
+    server.stop_requested = stop_on_signals()
     try:
         print("  press Ctrl-C to stop", flush=True)
         server.serve_forever()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,15 +19,23 @@ if TYPE_CHECKING:
     from mocksandbox.settings import Settings
 
 
-def stop_on_signals() -> None:
-    """Stop the same clean way on Ctrl-C and on SIGTERM (and even when started with SIGINT
-    ignored): both raise :class:`KeyboardInterrupt` in the main thread."""
-    signal.signal(signal.SIGINT, _interrupt)
-    signal.signal(signal.SIGTERM, _interrupt)
+def stop_on_signals(*signals: int) -> threading.Event:
+    """Stop the same clean way on each of ``signals`` (default: Ctrl-C and SIGTERM, even when
+    started with SIGINT ignored): each raises :class:`KeyboardInterrupt` in the main thread and
+    sets the event returned, which the serving loops check too (:attr:`MockServer.stop_requested
+    <mocksandbox.serving.single.MockServer.stop_requested>`). The exception alone is not enough:
+    one raised while the main thread runs a finalizer (a ``__del__``, a weakref callback, under
+    garbage collection) is printed as "Exception ignored" and dropped by Python, and the server
+    would serve on."""
+    stop = threading.Event()
 
+    def interrupt(signum: int, frame: object) -> None:
+        stop.set()
+        raise KeyboardInterrupt
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+    for signum in signals or (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, interrupt)
+    return stop
 
 
 def sandbox_banner(sandbox: MockSandbox, settings: Settings) -> list[str]:

@@ -266,6 +266,11 @@ class MockServer(ThreadedWSGIServer):
         self._handlers = _HandlerThreads(self.process_request_thread)
         #: False once the server is closed (werkzeug's own set-up calls server_close() first).
         self.accepting_requests = False
+        #: Set to stop serving from the main thread itself (a signal handler: see
+        #: :func:`~mocksandbox.serving.banner.stop_on_signals`), where :meth:`shutdown` would wait
+        #: for the loop it runs in; the loops see it within a poll (:meth:`serve_forever`) or
+        #: before their next ``accept`` (:meth:`accept_forever`).
+        self.stop_requested = threading.Event()
         if listener_fd is not None:  # a socket another process bound (mocksandbox.serving.workers)
             super().__init__(host, port, app, handler=_RequestHandler, fd=listener_fd)
         else:
@@ -294,7 +299,7 @@ class MockServer(ThreadedWSGIServer):
         process for each one and all but one find nothing (each wake-up also takes its GIL)."""
         listener = self.socket
         listener.setblocking(True)  # (the flag is the shared socket's: every worker accepts so)
-        while self.accepting_requests:
+        while self.accepting_requests and not self.stop_requested.is_set():
             try:
                 request, client_address = listener.accept()
             except InterruptedError:
@@ -310,6 +315,11 @@ class MockServer(ThreadedWSGIServer):
             except Exception:
                 self.handle_error(request, client_address)
                 self.shutdown_request(request)
+
+    def service_actions(self) -> None:
+        """Called by :meth:`serve_forever`'s loop after each poll: stop as the signal would have."""
+        if self.stop_requested.is_set():
+            raise KeyboardInterrupt  # (werkzeug's serve_forever ends quietly on it)
 
     # Kept-alive connections outlive requests: they are tracked so that closing the server also
     # ends them (after their answer in progress, if any), as it did when every answer closed them.
@@ -451,7 +461,7 @@ def serve_single(settings: Settings) -> int:
     for line in banner:
         print(line, flush=True)
     # Also when the signal comes right after the banner's last line.
-    stop_on_signals()
+    server.stop_requested = stop_on_signals()
     try:
         print("  press Ctrl-C to stop", flush=True)
         server.serve_forever()  # werkzeug's returns quietly on KeyboardInterrupt

@@ -213,9 +213,10 @@ class WorkerPool:
                 banner = lines
         return banner
 
-    def watch(self) -> None:
-        """Replace workers that die, until :meth:`stop`; each replacement goes in the journal."""
-        while not self._stopping.wait(WATCH_INTERVAL_S):
+    def watch(self, until: threading.Event | None = None) -> None:
+        """Replace workers that die, until :meth:`stop` (or ``until`` is set); each replacement
+        goes in the journal."""
+        while not self._stopping.wait(WATCH_INTERVAL_S) and not (until is not None and until.is_set()):
             for worker in self.workers:
                 process = worker.process
                 if process is None or process.poll() is None or self._stopping.is_set():
@@ -291,7 +292,7 @@ def serve_workers(settings: Settings) -> int:
     except SessionError as exc:
         print(f"mocksandbox: {exc}", file=sys.stderr)
         return 2
-    stop_on_signals()
+    stop_requested = stop_on_signals()
     try:
         banner = pool.start()
         print(f"mocksandbox {__version__} serving on {pool.url} with {count} workers", flush=True)
@@ -317,7 +318,7 @@ def serve_workers(settings: Settings) -> int:
             )
             print(f"  cores: {cores} (user programs on all; --no-pin-workers to let them roam)", flush=True)
         print("  press Ctrl-C to stop", flush=True)
-        pool.watch()
+        pool.watch(until=stop_requested)
     except WorkerStartError as exc:
         print(f"mocksandbox: {exc}", file=sys.stderr)
         return 2
@@ -357,7 +358,7 @@ def _worker_main(argv: list[str]) -> int:
 
     from mocksandbox.control.shared import RemoteControlState
     from mocksandbox.core import MockSandbox
-    from mocksandbox.serving.banner import sandbox_banner
+    from mocksandbox.serving.banner import sandbox_banner, stop_on_signals
     from mocksandbox.serving.single import MockServer
     from mocksandbox.sessions import SessionError
     from mocksandbox.web import create_app
@@ -386,10 +387,7 @@ def _worker_main(argv: list[str]) -> int:
         return 2
     server = MockServer.from_listener(args.listen_fd, create_app(sandbox), access_log=settings.access_log)
 
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupt)
+    server.stop_requested = stop_on_signals(signal.SIGTERM)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the master's Ctrl-C reaches the whole group
     tell({"ready": True, "banner": banner})
     ready.close()

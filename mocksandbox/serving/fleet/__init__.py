@@ -502,7 +502,7 @@ def serve_fleet(
     except (FleetError, FaultError, ValueError, ConnectionError) as exc:
         print(f"mocksandbox: {exc}", file=sys.stderr)
         return 2
-    stop_on_signals()
+    stop_requested = stop_on_signals()
     try:
         alive = fleet.replicas()
         nodes = sorted({r["node_id"] for r in alive})
@@ -520,8 +520,7 @@ def serve_fleet(
         print("  control state: one Ray actor (journal, cap, faults, leases, sessions)", flush=True)
         print("  press Ctrl-C to stop", flush=True)
         known = {r["key"] for r in alive}
-        while True:  # say when Serve replaces a replica
-            time.sleep(1.0)
+        while not stop_requested.wait(1.0):  # say when Serve replaces a replica
             now = {r["key"] for r in fleet.replicas()}
             for key in sorted(known - now):
                 print(f"mocksandbox: {key} is gone", flush=True)
