@@ -169,7 +169,8 @@ class ExecutionEngine:
         self._kept_run_dirs: WorkdirPool | None = None
         if runs_root is not None and world is not None and ("mapped_roots" in world or "userns" not in world):
             os.mkdir(os.path.join(runs_root.path, RUN_DIRS), 0o700)
-            self._kept_run_dirs = WorkdirPool(os.path.join(runs_root.path, RUN_DIRS), check_xattrs=True)
+            # (Never reused: a relay keeps a run's dir bound in its root after the run.)
+            self._kept_run_dirs = WorkdirPool(os.path.join(runs_root.path, RUN_DIRS), reuse=False)
         # SandboxFusion's runtime libraries (mocksandbox.runtime): each language's environment
         # with them is worked out once, so runs of a language share one mapping.
         self.runtime = RuntimeDir(settings.runtime_dir)

@@ -377,7 +377,7 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
         status = _WORLD.wait_for_program(pid, sock) if world is not None else _wait_for_on_host(pid, sock)
         try:
             if world is not None:
-                _end_what_the_program_left(world)
+                _end_what_the_program_left(world, request.get("file"))
                 nothing_left = True
         except Exception as exc:  # (how the program ended is known: it is said all the same)
             _say_fault("after its program ended", exc)
@@ -393,9 +393,10 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
             _WORLD.unmount_run()  # (the next run of this relay waits for it)
 
 
-def _end_what_the_program_left(world: dict) -> None:
+def _end_what_the_program_left(world: dict, code_file: "str | None") -> None:
     """Once a world's program has exited: what it left is killed, and its root unmounted where
-    that must come before the answer."""
+    that must come before the answer (in a kept root: the run's dir removed). ``code_file``: the
+    program's file, in the run's dir (its path as the run sees it)."""
     if _WORLD.anything_left():
         # Nothing the program started outlives it (as its cgroup's kill would see to, where
         # there is one): this relay is PID 1 of the run's namespace, -1 is all the rest of it.
@@ -406,6 +407,12 @@ def _end_what_the_program_left(world: dict) -> None:
         # Once they are gone, the run's files change no more: the server, told the run is
         # over when the status pipe closes, reads them and removes them at once.
         _WORLD.reap(until_gone=True)
+    kept = _WORLD.kept
+    if kept is not None and kept.cwd is not None:
+        # Its dir goes now: before the server is told (which then finds it gone: it reuses no
+        # dir of a kept root), and before this relay takes another run into this root.
+        kept.run_dir_gone = kept.remove_run_dir(code_file)
+        return  # (its files took no room in the root's upper layer: it is checked after the answer)
     # The run's root is unmounted once the answer is on its way, where nothing needs it
     # sooner: a later command of the request stacks its layer over this one's (which must not
     # be an upper layer then), and the space the run's files took on the runs' tmpfs comes
@@ -1237,7 +1244,12 @@ class _World:
                 self.drop_kept()
             if self.kept is None:
                 self.kept = _KeptRoot(self, keep["dir"])
-            self.kept.take(cwd, keep["cwd_host"])
+            try:
+                self.kept.take(cwd, keep["cwd_host"])
+            except FileExistsError:  # an earlier run's dir had that name: a new root has none
+                self.drop_kept()
+                self.kept = _KeptRoot(self, keep["dir"])
+                self.kept.take(cwd, keep["cwd_host"])
             self.current = self.kept.root
             return
         self._mount_overlay(self.root, world["lowers"], world["upper"], world["work"], world)
@@ -1397,14 +1409,18 @@ class _KeptRoot:
     a program and its tests, no ``fetch_files``, no files put outside its dir; the server says
     which in ``world["keep"]``) leaves its root as it found it. So the relay keeps such a root: an
     overlay with an upper layer of its own (``<runs root>/kept-*``) over the mask and the host, and
-    each run's dir, which the server made in the request's layer as ever, bound into it at the
-    run's path. After the run, the dir is unbound and its mount point removed, and the root is
-    kept only if its upper layer holds exactly what it held before the run (the dirs on the way to
-    the runs' dirs, with their modes, owners and extended attributes, and nothing else) and its
-    /dev/shm is empty and unchanged: anything a run wrote, deleted or changed outside its dir
-    shows there, and the root then goes, as a run's root always went before. A kept root serves
+    each run's dir, which the server made on the runs' tmpfs, bound into it at the run's path.
+    Once the run's processes are gone, before its answer, the relay removes the run's dir from the
+    tmpfs: its mount point then shows an empty, dead dir, in which nothing can be made, and the
+    server never hands the dir's name or inode to another run. The mounts stay until the root is
+    dropped (unmounting each run's, and removing its mount point, cost the relay an RCU grace
+    period per run: see :meth:`remove_run_dir`). After the answer, the root is kept only if its
+    upper layer holds exactly what it held before the run (the dirs on the way to the runs' dirs,
+    with their modes, owners and extended attributes, the runs' mount points, and nothing else)
+    and its /dev/shm is empty and unchanged: anything a run wrote, deleted or changed outside its
+    dir shows there, and the root then goes, as a run's root always went before. A kept root serves
     at most :data:`MAX_AGE_S` (a lower layer, the host, may change under it: its new files are
-    then seen within that time) and :data:`MAX_RUNS` runs.
+    then seen within that time) and :data:`MAX_RUNS` runs (a mount each).
     """
 
     MAX_AGE_S = 1.0
@@ -1449,23 +1465,24 @@ class _KeptRoot:
         self.state: tuple | None = None
         #: The current run's dir (its path in the run's view), while it is bound here.
         self.cwd: str | None = None
-        #: Where the current run's dir is bound: the mount point in this root.
-        self.target = ""
+        #: The current run's dir on the runs' tmpfs, and whether it was removed after the run.
+        self.cwd_host = ""
+        self.run_dir_gone = False
 
     def serves(self) -> bool:
         """Whether it may serve another run (young enough, not too many runs yet)."""
         return self.runs < self.MAX_RUNS and time.monotonic() - self.born < self.MAX_AGE_S
 
     def take(self, cwd: str, cwd_host: str) -> None:
-        """Bind the run's dir ``cwd_host`` (on the runs' tmpfs) at ``cwd`` in this root."""
+        """Bind the run's dir ``cwd_host`` (on the runs' tmpfs) at ``cwd`` in this root; a
+        ``FileExistsError`` if an earlier run's mount point has that name."""
         target = self.root + cwd
+        os.mkdir(target, 0o700)  # (the first run's copies up the dirs on the way)
         if self.state is None:
-            # The dirs on the way are copied up by the first mkdir under them: made, then what the
-            # upper layer holds is what every later run must leave.
+            # What the upper layer holds now is what every later run must leave, but for one
+            # more mount point in the runs' parent dir for each run, which is read again here.
             # The runs of a root share that parent dir (the server's temp dir, as runs see it); a
             # run's dir elsewhere would copy its own parents up, which the check sees.
-            os.makedirs(target, 0o700)
-            os.rmdir(target)
             path, self.checked = self.upper, []
             for part in os.path.dirname(cwd).split("/"):
                 if part:
@@ -1473,25 +1490,53 @@ class _KeptRoot:
                     path += "/" + part
             self.checked += [path, self.shm]
             self.state = self._state()
-        os.mkdir(target, 0o700)
+        else:
+            self.state[-2] = self._state(self.checked[-2:-1])[0]
         self.cwd = cwd
-        self.target = target
+        self.cwd_host = cwd_host
+        self.run_dir_gone = False
         self.runs += 1
         self.world.calls.mount(cwd_host, target, None, _MS_BIND)
 
+    def remove_run_dir(self, code_file: "str | None") -> bool:
+        """Once the run's processes are gone, before its answer: its dir removed from the runs'
+        tmpfs (where the server made it), so that its mount point here shows an empty, dead dir,
+        in which nothing can be made, to the later runs of this root. Whether the dir is gone.
+
+        The mount itself stays until the root is dropped, all of its runs' at once: an unmount
+        waits for an RCU grace period (about 0.1 ms under strace here, at times past 1 ms: it
+        interrupts every other core), which a relay that unmounted after each answer made the
+        next request wait for at concurrency 1, where the same relay serves it."""
+        path = self.cwd_host
+        if code_file is not None and self.cwd is not None and code_file.startswith(self.cwd + "/"):
+            try:
+                os.unlink(path + code_file[len(self.cwd) :])
+            except OSError:
+                pass
+        try:
+            os.rmdir(path)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            pass
+        try:
+            _remove_tree(path)
+        except Exception:
+            return False
+        return not os.path.lexists(path)
+
     def give_back(self) -> bool:
-        """Once the run's processes are gone: its dir unbound and its mount point removed; whether
-        the root is as the first run found it."""
+        """Once the run's answer is on its way: whether the root is as the run found it (its
+        dir's mount point left, its dir gone: see :meth:`remove_run_dir`)."""
         assert self.cwd is not None
         self.cwd = None
         try:
-            self.world.calls.umount(self.target)
-            os.rmdir(self.target)
-            return self._state() == self.state
+            return self.run_dir_gone and self._state() == self.state
         except OSError:
             return False
 
-    def _state(self) -> list:
+    def _state(self, paths: "list | None" = None) -> list:
         """What a run may not change outside its dir: the upper layer's dirs down to the runs'
         parent dir, and /dev/shm (:attr:`checked`), each with its entries, mode, owner and the
         names of its extended attributes. No times: they may not move within a clock tick (coarse
@@ -1508,7 +1553,7 @@ class _KeptRoot:
                 os.listxattr(path, follow_symlinks=False),
                 None if self.sized else sorted(os.listdir(path)),
             )
-            for path in self.checked
+            for path in (self.checked if paths is None else paths)
         ]
 
     def drop(self) -> None:

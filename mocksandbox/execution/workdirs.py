@@ -62,9 +62,10 @@ _rename_noreplace = _find_rename_noreplace()
 
 
 class WorkdirPool:
-    """Temp dirs for runs under ``root`` (the system temp dir when ``None``). Thread-safe."""
+    """Temp dirs for runs under ``root`` (the system temp dir when ``None``). Thread-safe. With
+    ``reuse`` off, every dir is made fresh and removed when given back."""
 
-    def __init__(self, root: str | None, check_xattrs: bool = False) -> None:
+    def __init__(self, root: str | None, check_xattrs: bool = False, reuse: bool = True) -> None:
         self.root = root
         #: A dir with extended attributes is not kept either (a run in a world of its own must
         #: leave the next one nothing, not even an attribute of its dir).
@@ -75,8 +76,9 @@ class WorkdirPool:
         #: Dirs handed out, by path: their (device, inode) when made.
         self._identity: dict[str, tuple[int, int]] = {}
         self._closed = False
-        #: Dirs are kept only where they can be renamed without replacing anything.
-        self._reuse = _rename_noreplace is not None
+        #: Dirs are kept only where they can be renamed without replacing anything (and not where
+        #: a dir may still be seen after its run under its old name: a relay's kept root).
+        self._reuse = reuse and _rename_noreplace is not None
         self._random = random.Random()
         self._random_pid = os.getpid()
 

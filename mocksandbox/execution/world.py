@@ -509,12 +509,12 @@ def _empty_dir(path: str) -> bool:
 
 def holds_no_layers(path: str | os.PathLike[str]) -> bool:
     """Whether the runs' tmpfs (or dir) at ``path`` holds no request's layers and nothing a run
-    left: only its ``.owner`` lock file, the relays' scratch mount point, empty run dirs kept for
-    the next runs (``dirs/*``) and the roots relays keep from run to run (``kept-*``: each holds
-    no more than its upper layer, work dir and lock, as a relay may be making or dropping one as
-    this looks, and the upper layer only the dirs on the way to the runs' dirs, one below the
-    other: what every run of such a root must leave). ``False`` too where something went as
-    this looked (a relay takes a run's mount point out of its kept root after it has answered):
+    left: only its ``.owner`` lock file, the relays' scratch mount point, empty run dirs
+    (``dirs/*``) and the roots relays keep from run to run (``kept-*``: each holds no more than
+    its upper layer, work dir and lock, as a relay may be making or dropping one as this looks,
+    and the upper layer only the dirs on the way to the runs' dirs, one below the other, and in
+    the last the empty mount points of its runs' dirs: what every run of such a root must
+    leave). ``False`` too where something went as this looked (a relay dropping its kept root):
     ask again."""
     try:
         return _holds_no_layers(path)
@@ -540,11 +540,14 @@ def _holds_no_layers(path: str | os.PathLike[str]) -> bool:
 
 
 def _only_the_way_down(path: str) -> bool:
-    """Whether ``path`` holds at most one entry, a dir holding the same, and so on down."""
+    """Whether ``path`` holds one dir holding the same, and so on down to a dir holding nothing
+    but empty dirs (the mount points of a kept root's runs' dirs), or nothing."""
     entries = list(os.scandir(path))
-    return len(entries) <= 1 and all(
-        e.is_dir(follow_symlinks=False) and _only_the_way_down(e.path) for e in entries
-    )
+    if not all(e.is_dir(follow_symlinks=False) for e in entries):
+        return False
+    if len(entries) == 1 and _only_the_way_down(entries[0].path):
+        return True
+    return all(_empty_dir(e.path) for e in entries)
 
 
 def reclaim_stale_runs_roots(parent: str) -> list[str]:
@@ -650,9 +653,11 @@ class KeptRootWorkspace:
     (``forkserver._KeptRoot``): one command, every file in the run's dir, no ``fetch_files``, on a
     host where relays keep roots. Such a run sees nothing of the request but its dir, which the
     relay binds at ``cwd``: no layers are made for it. The dir comes from ``pool``, a
-    ``WorkdirPool`` of empty dirs on the runs' tmpfs (``<runs root>/dirs``), each under a fresh
-    ``tmpXXXXXXXX`` name, which is also the run's ``cwd`` under the temp root it sees; it goes back
-    there once the run is over, if the run left it as it found it."""
+    ``WorkdirPool`` of dirs on the runs' tmpfs (``<runs root>/dirs``) made fresh for each run (no
+    reuse: the relay keeps the bind of a run's dir in its root until it drops the root), under a
+    ``tmpXXXXXXXX`` name, which is also the run's ``cwd`` under the temp root it sees. The relay
+    removes it once the run's processes are gone, before it answers; the server removes it where
+    the run never got that far."""
 
     def __init__(self, pool: Any, runs_root: RunsRoot, view_tmp_root: str) -> None:
         self._pool = pool
@@ -698,9 +703,8 @@ class KeptRootWorkspace:
         }
 
     def close(self, code_path: str | None = None) -> None:
-        """The run is over: its dir back to the pool (emptied of its code file), or removed."""
-        host_code = None if code_path is None else os.path.join(self.host_cwd, os.path.basename(code_path))
-        self._pool.give_back(self.host_cwd, host_code)
+        """The run is over: its dir removed, if its relay has not already removed it."""
+        self._pool.give_back(self.host_cwd, None)
 
 
 class LayeredWorkspace:

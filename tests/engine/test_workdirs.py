@@ -39,6 +39,25 @@ def test_an_empty_dir_is_reused_and_the_code_file_removed(pool: WorkdirPool) -> 
     assert list(Path(second).iterdir()) == []
 
 
+def test_a_pool_that_reuses_nothing_makes_each_dir_fresh_and_removes_it(tmp_path: Path) -> None:
+    """A relay's kept root keeps a run's dir bound after the run: such dirs are never handed out
+    again, under any name."""
+    pool = WorkdirPool(str(tmp_path), reuse=False)
+    try:
+        first = pool.take()
+        Path(first, "tmpcode.py").write_text("print(1)")
+        pool.give_back(first, str(Path(first, "tmpcode.py")))  # empty but for its code file
+        assert not os.path.lexists(first)
+        second = pool.take()
+        assert second != first and list(Path(second).iterdir()) == []
+        # A dir removed before it is given back (its relay removed it) is no error.
+        os.rmdir(second)
+        pool.give_back(second, None)
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        pool.close()
+
+
 def test_a_reused_dir_never_replaces_one_that_has_its_new_name(
     pool: WorkdirPool, monkeypatch: pytest.MonkeyPatch
 ) -> None:

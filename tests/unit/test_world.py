@@ -271,6 +271,15 @@ def test_a_runs_root_holds_no_layers_with_only_its_own_files_and_kept_roots(tmp_
     assert holds_no_layers(tmp_path)
     (kept / "u" / "tmp").mkdir()  # the way down to the runs' dirs
     assert holds_no_layers(tmp_path)
+    for name in ("tmpabcdefgh", "tmpijklmnop"):  # the mount points of its runs' dirs
+        (kept / "u" / "tmp" / name).mkdir()
+    assert holds_no_layers(tmp_path)
+    (kept / "u" / "tmp" / "tmpijklmnop" / "left").touch()  # (a mount point holds nothing there)
+    assert not holds_no_layers(tmp_path)
+    (kept / "u" / "tmp" / "tmpijklmnop" / "left").unlink()
+    (kept / "u" / "tmp" / "left").touch()
+    assert not holds_no_layers(tmp_path)
+    (kept / "u" / "tmp" / "left").unlink()
     (kept / "stray").touch()
     assert not holds_no_layers(tmp_path)
     (kept / "stray").unlink()
