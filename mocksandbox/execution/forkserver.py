@@ -377,11 +377,18 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
         status = _WORLD.wait_for_program(pid, sock) if world is not None else _wait_for_on_host(pid, sock)
         try:
             if world is not None:
-                _end_what_the_program_left(world, request.get("file"))
+                _end_what_the_program_left(world)
                 nothing_left = True
         except Exception as exc:  # (how the program ended is known: it is said all the same)
             _say_fault("after its program ended", exc)
         _write_all(status_fd, _STATUS_EXIT + status.to_bytes(8, "little", signed=True))
+        kept = _WORLD.kept if world is not None else None
+        if nothing_left and kept is not None and kept.cwd is not None:
+            # Its dir goes once the exit is said (its time is not the run's: a program that left
+            # many files does not go past its deadline for it) and before the status pipe closes,
+            # which the server waits for (it then finds the dir gone: it reuses no dir of a kept
+            # root), and before this relay takes another run into this root.
+            kept.run_dir_gone = kept.remove_run_dir(request.get("file"))
     except OSError:
         pass  # the server gave up on this run (it closed its end): nobody to tell
     finally:
@@ -393,10 +400,9 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
             _WORLD.unmount_run()  # (the next run of this relay waits for it)
 
 
-def _end_what_the_program_left(world: dict, code_file: "str | None") -> None:
+def _end_what_the_program_left(world: dict) -> None:
     """Once a world's program has exited: what it left is killed, and its root unmounted where
-    that must come before the answer (in a kept root: the run's dir removed). ``code_file``: the
-    program's file, in the run's dir (its path as the run sees it)."""
+    that must come before the answer."""
     if _WORLD.anything_left():
         # Nothing the program started outlives it (as its cgroup's kill would see to, where
         # there is one): this relay is PID 1 of the run's namespace, -1 is all the rest of it.
@@ -407,12 +413,8 @@ def _end_what_the_program_left(world: dict, code_file: "str | None") -> None:
         # Once they are gone, the run's files change no more: the server, told the run is
         # over when the status pipe closes, reads them and removes them at once.
         _WORLD.reap(until_gone=True)
-    kept = _WORLD.kept
-    if kept is not None and kept.cwd is not None:
-        # Its dir goes now: before the server is told (which then finds it gone: it reuses no
-        # dir of a kept root), and before this relay takes another run into this root.
-        kept.run_dir_gone = kept.remove_run_dir(code_file)
-        return  # (its files took no room in the root's upper layer: it is checked after the answer)
+    if _WORLD.kept is not None and _WORLD.kept.cwd is not None:
+        return  # (its dir goes once the exit is said; its root is checked after the answer)
     # The run's root is unmounted once the answer is on its way, where nothing needs it
     # sooner: a later command of the request stacks its layer over this one's (which must not
     # be an upper layer then), and the space the run's files took on the runs' tmpfs comes
@@ -1410,11 +1412,12 @@ class _KeptRoot:
     which in ``world["keep"]``) leaves its root as it found it. So the relay keeps such a root: an
     overlay with an upper layer of its own (``<runs root>/kept-*``) over the mask and the host, and
     each run's dir, which the server made on the runs' tmpfs, bound into it at the run's path.
-    Once the run's processes are gone, before its answer, the relay removes the run's dir from the
-    tmpfs: its mount point then shows an empty, dead dir, in which nothing can be made, and the
-    server never hands the dir's name or inode to another run. The mounts stay until the root is
-    dropped (unmounting each run's, and removing its mount point, cost the relay an RCU grace
-    period per run: see :meth:`remove_run_dir`). After the answer, the root is kept only if its
+    Once the run's processes are gone and its exit is said, before the status pipe closes (which
+    the server waits for), the relay removes the run's dir from the tmpfs: its mount point then
+    shows an empty, dead dir, in which nothing can be made, and the server never hands the dir's
+    name or inode to another run. The mounts stay until the root is dropped (unmounting each
+    run's, and removing its mount point, cost the relay an RCU grace period per run: see
+    :meth:`remove_run_dir`). After the answer, the root is kept only if its
     upper layer holds exactly what it held before the run (the dirs on the way to the runs' dirs,
     with their modes, owners and extended attributes, the runs' mount points, and nothing else)
     and its /dev/shm is empty and unchanged: anything a run wrote, deleted or changed outside its
@@ -1477,6 +1480,8 @@ class _KeptRoot:
         """Bind the run's dir ``cwd_host`` (on the runs' tmpfs) at ``cwd`` in this root; a
         ``FileExistsError`` if an earlier run's mount point has that name."""
         target = self.root + cwd
+        if self.state is None:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
         os.mkdir(target, 0o700)  # (the first run's copies up the dirs on the way)
         if self.state is None:
             # What the upper layer holds now is what every later run must leave, but for one
@@ -1499,9 +1504,10 @@ class _KeptRoot:
         self.world.calls.mount(cwd_host, target, None, _MS_BIND)
 
     def remove_run_dir(self, code_file: "str | None") -> bool:
-        """Once the run's processes are gone, before its answer: its dir removed from the runs'
-        tmpfs (where the server made it), so that its mount point here shows an empty, dead dir,
-        in which nothing can be made, to the later runs of this root. Whether the dir is gone.
+        """Once the run's processes are gone, before its relay closes the status pipe: its dir
+        removed from the runs' tmpfs (where the server made it), so that its mount point here
+        shows an empty, dead dir, in which nothing can be made, to the later runs of this root.
+        ``code_file``: the program's file (its path in the run's view). Whether the dir is gone.
 
         The mount itself stays until the root is dropped, all of its runs' at once: an unmount
         waits for an RCU grace period (about 0.1 ms under strace here, at times past 1 ms: it
