@@ -1464,8 +1464,8 @@ class _KeptRoot:
         self.checked: list[str] = []
         self.born = time.monotonic()
         self.runs = 0
-        #: What the upper layer held after the first run's dir was made and removed.
-        self.state: tuple | None = None
+        #: What the checked dirs hold before a run, its mount point made: what it must leave.
+        self.state: list | None = None
         #: The current run's dir (its path in the run's view), while it is bound here.
         self.cwd: str | None = None
         #: The current run's dir on the runs' tmpfs, and whether it was removed after the run.
