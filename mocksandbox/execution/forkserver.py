@@ -1480,10 +1480,11 @@ class _KeptRoot:
         """Bind the run's dir ``cwd_host`` (on the runs' tmpfs) at ``cwd`` in this root; a
         ``FileExistsError`` if an earlier run's mount point has that name."""
         target = self.root + cwd
-        if self.state is None:
+        first = self.state is None
+        if first:
             os.makedirs(os.path.dirname(target), exist_ok=True)
         os.mkdir(target, 0o700)  # (the first run's copies up the dirs on the way)
-        if self.state is None:
+        if first:
             # What the upper layer holds now is what every later run must leave, but for one
             # more mount point in the runs' parent dir for each run, which is read again here.
             # The runs of a root share that parent dir (the server's temp dir, as runs see it); a

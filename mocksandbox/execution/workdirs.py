@@ -65,11 +65,8 @@ class WorkdirPool:
     """Temp dirs for runs under ``root`` (the system temp dir when ``None``). Thread-safe. With
     ``reuse`` off, every dir is made fresh and removed when given back."""
 
-    def __init__(self, root: str | None, check_xattrs: bool = False, reuse: bool = True) -> None:
+    def __init__(self, root: str | None, reuse: bool = True) -> None:
         self.root = root
-        #: A dir with extended attributes is not kept either (a run in a world of its own must
-        #: leave the next one nothing, not even an attribute of its dir).
-        self._check_xattrs = check_xattrs
         self._lock = threading.Lock()
         #: Idle dirs, each with the (device, inode) it was made with.
         self._idle: list[tuple[str, tuple[int, int]]] = []
@@ -109,7 +106,7 @@ class WorkdirPool:
                 os.unlink(code_path)
             except OSError:
                 pass  # the program removed it, or its dir is gone: checked below
-        if identity is not None and self._reuse and self._reusable(path, identity, self._check_xattrs):
+        if identity is not None and self._reuse and self._reusable(path, identity):
             with self._lock:
                 if not self._closed and len(self._idle) < IDLE_WORKDIRS:
                     self._idle.append((path, identity))
@@ -138,14 +135,14 @@ class WorkdirPool:
         return None
 
     @staticmethod
-    def _reusable(path: str, identity: tuple[int, int], check_xattrs: bool = False) -> bool:
+    def _reusable(path: str, identity: tuple[int, int]) -> bool:
         try:
             now = os.lstat(path)
             if not (stat.S_ISDIR(now.st_mode) and stat.S_IMODE(now.st_mode) == 0o700):
                 return False
             if (now.st_dev, now.st_ino) != identity or now.st_uid != os.geteuid():
                 return False
-            if now.st_gid != os.getegid() or (check_xattrs and os.listxattr(path, follow_symlinks=False)):
+            if now.st_gid != os.getegid():
                 return False
             with os.scandir(path) as entries:
                 return next(entries, None) is None
