@@ -491,7 +491,8 @@ def _start_program(request: dict, fds: list) -> None:
         if _PROGRAM_CPUS is not None:
             os.sched_setaffinity(0, _PROGRAM_CPUS)
         os.setsid()
-        _prefer_for_oom_kill()
+        if request.get("world") is None or not _WORLD.users:  # (else its relay's, inherited)
+            _prefer_for_oom_kill()
         # Joined here, by the program, rather than by the relay: the relay stays outside the run's
         # groups and can serve the next run. Nothing runs in the program before this line.
         _join_cgroups(request["cgroup_procs"])
@@ -1590,12 +1591,14 @@ def _remove_tree(path: str) -> None:
         return
     for entry in entries:
         try:
+            if not entry.is_dir(follow_symlinks=False):
+                os.unlink(entry.path)
+                continue
+            # Most are empty (a kept root's runs' mount points, hundreds of them): one call each.
+            os.rmdir(entry.path)
+        except OSError:
             if entry.is_dir(follow_symlinks=False):
                 _remove_tree(entry.path)
-            else:
-                os.unlink(entry.path)
-        except OSError:
-            pass
     try:
         os.rmdir(path)
     except OSError:
