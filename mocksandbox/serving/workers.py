@@ -216,7 +216,8 @@ class WorkerPool:
     def watch(self, until: threading.Event | None = None) -> None:
         """Replace workers that die, until :meth:`stop` (or ``until`` is set); each replacement
         goes in the journal."""
-        while not self._stopping.wait(WATCH_INTERVAL_S) and not (until is not None and until.is_set()):
+        until = until if until is not None else threading.Event()  # (one that is never set)
+        while not self._stopping.wait(WATCH_INTERVAL_S) and not until.is_set():
             for worker in self.workers:
                 process = worker.process
                 if process is None or process.poll() is None or self._stopping.is_set():
