@@ -100,11 +100,17 @@ _RUNTIME_PREFIX = "mocksandbox-jupyter-"
 _OWNER_FILE = ".owner"
 
 
+def _runtime_parent(tmp_root: str | None) -> str:
+    """Where the kernels' runtime dirs are made: the temp root, where its paths are short enough
+    for the kernels' sockets, else the system's temp dir."""
+    base = tmp_root if tmp_root and len(tmp_root) <= _MAX_RUNTIME_DIR_LENGTH else None
+    return base or tempfile.gettempdir()
+
+
 def _runtime_root(tmp_root: str | None) -> tuple[Path, int]:
     """A new runtime dir for the kernels, and the descriptor of its ``.owner`` file, locked while
     this server lives: the dirs of servers killed without removing theirs are removed first."""
-    base = tmp_root if tmp_root and len(tmp_root) <= _MAX_RUNTIME_DIR_LENGTH else None
-    parent = base or tempfile.gettempdir()
+    parent = _runtime_parent(tmp_root)
     reclaim_stale_runtime_roots(parent)
     root, owner = make_locked_dir(parent, _RUNTIME_PREFIX, _OWNER_FILE)
     return Path(root), owner
@@ -154,6 +160,9 @@ class JupyterService:
     ) -> None:
         self.settings = settings
         self._pool_factory = pool_factory
+        # What servers killed since (a --workers worker, SIGKILLed, that held kernels) left: now,
+        # not at this server's first /run_jupyter, which may never come.
+        reclaim_stale_runtime_roots(_runtime_parent(settings.tmp_root))
         #: Kernels get worlds of their own made of this (the engine's, under isolation lite: in the
         #: runs' user namespace too, where the engine's runs are).
         self.world = dict(world) if world is not None else None

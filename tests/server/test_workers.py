@@ -195,7 +195,8 @@ def _kernel_processes(worker: psutil.Process) -> list[psutil.Process]:
 @pytest.mark.usefixtures("with_jupyter")
 def test_a_killed_worker_takes_its_jupyter_kernels_with_it(served: Served) -> None:
     """A worker that dies without closing anything (SIGKILL) leaves no kernel behind: its kernel
-    fork server sees its input close and kills every kernel's process group."""
+    fork server sees its input close and kills every kernel's process group. Nor, once it is
+    replaced, its kernels' runtime dir (the worker that replaces it reclaims it)."""
     assert served.post("/run_jupyter", {"cells": ["6 * 7"]}).ok
     holder, helpers = None, []
     for worker in served.workers():
@@ -209,6 +210,11 @@ def test_a_killed_worker_takes_its_jupyter_kernels_with_it(served: Served) -> No
         time.sleep(0.1)
         helpers = _kernel_processes(holder)
     assert len(helpers) >= 2, helpers
+    # The fork server's command line names the runtime dir (its marker).
+    runtime_dirs = {
+        arg for arg in helpers[0].cmdline() if os.path.basename(arg).startswith("mocksandbox-jupyter-")
+    }
+    assert len(runtime_dirs) == 1 and all(os.path.isdir(d) for d in runtime_dirs), helpers[0].cmdline()
     holder.kill()
     _, alive = psutil.wait_procs(helpers, timeout=30)
     assert alive == [], [p.pid for p in alive]
@@ -220,6 +226,7 @@ def test_a_killed_worker_takes_its_jupyter_kernels_with_it(served: Served) -> No
             break
         time.sleep(0.2)
     assert len(served.workers()) == 2
+    assert not any(os.path.exists(d) for d in runtime_dirs), runtime_dirs
 
 
 def test_swedev_sessions_from_any_worker(served: Served) -> None:
