@@ -620,6 +620,11 @@ _MS_REC = 16384
 _MS_PRIVATE = 1 << 18
 _MS_SLAVE = 1 << 19
 _MNT_DETACH = 2
+# inotify: a kept root's changes (see _KeptRoot). Every change of a dir's entries or of an inode's
+# attributes (mode, owner, times set, extended attributes) or contents; not reads, opens or closes.
+_IN_CHANGES = 0x2 | 0x4 | 0x40 | 0x80 | 0x100 | 0x200 | 0x400 | 0x800
+_IN_ONLYDIR = 0x01000000
+_IN_DONT_FOLLOW = 0x02000000
 # The new mount API (the same numbers on every architecture): idmapped mounts.
 _SYS_OPEN_TREE = 428
 _SYS_MOVE_MOUNT = 429
@@ -681,6 +686,7 @@ class _Syscalls:
         libc.unshare.argtypes = (ctypes.c_int,)
         libc.setns.argtypes = (ctypes.c_int, ctypes.c_int)
         libc.prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
+        libc.inotify_add_watch.argtypes = (ctypes.c_int, text, ctypes.c_uint32)
 
         class _CapHeader(ctypes.Structure):
             _fields_ = (("version", ctypes.c_uint32), ("pid", ctypes.c_int))
@@ -720,6 +726,22 @@ class _Syscalls:
     def umount(self, target: str) -> None:
         if self.libc.umount2(target.encode(), _MNT_DETACH) != 0:
             self._check(-1, f"umount {target}")
+
+    def watch_changes(self, dirs: list) -> int:
+        """An inotify descriptor (non-blocking) that has an event once anything in ``dirs``, or
+        any of them, changes (:data:`_IN_CHANGES`)."""
+        fd = self.libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)  # (IN_NONBLOCK, IN_CLOEXEC)
+        if fd < 0:
+            self._check(-1, "inotify_init1")
+        try:
+            for path in dirs:
+                mask = _IN_CHANGES | _IN_ONLYDIR | _IN_DONT_FOLLOW
+                if self.libc.inotify_add_watch(fd, path.encode(), mask) < 0:
+                    self._check(-1, f"inotify_add_watch {path}")
+        except OSError:
+            os.close(fd)
+            raise
+        return fd
 
     def idmapped_clone(self, source: str, target: str, userns_fd: int, read_only: bool) -> None:
         """Mount a copy of the mount at ``source`` (not its submounts) on ``target``, its owners
@@ -1342,6 +1364,8 @@ class _World:
         _signal.signal(_signal.SIGIO, _signal.SIG_DFL)  # the relay's, not the program's
         if self.kept is not None:
             os.close(self.kept.lock)  # the relay's to hold (a program could unlock it)
+            if self.kept.changes is not None:
+                os.close(self.kept.changes)  # (a program could read its changes' events away)
         os.chroot(self.current)
         os.chdir(cwd)
         self.calls.set_command_line()
@@ -1418,13 +1442,17 @@ class _KeptRoot:
     shows an empty, dead dir, in which nothing can be made, and the server never hands the dir's
     name or inode to another run. The mounts stay until the root is dropped (unmounting each
     run's, and removing its mount point, cost the relay an RCU grace period per run: see
-    :meth:`remove_run_dir`). After the answer, the root is kept only if its
-    upper layer holds exactly what it held before the run (the dirs on the way to the runs' dirs,
-    with their modes, owners and extended attributes, the runs' mount points, and nothing else)
-    and its /dev/shm is empty and unchanged: anything a run wrote, deleted or changed outside its
-    dir shows there, and the root then goes, as a run's root always went before. A kept root serves
-    at most :data:`MAX_AGE_S` (a lower layer, the host, may change under it: its new files are
-    then seen within that time) and :data:`MAX_RUNS` runs (a mount each).
+    :meth:`remove_run_dir`). After the answer, the root is kept only if nothing changed while the
+    run ran in its upper layer's dirs on the way to the runs' dirs (the root of the layer, ``/tmp``
+    in it) or in its /dev/shm: their entries, or their own mode, owner or extended attributes.
+    Anything a run writes, deletes or changes outside its dir shows there first (what it changes
+    anywhere in the image is copied up, under a new entry of the layer's root or of a dir on the
+    way; the mount points below are covered by the runs' dirs), and the root then goes, as a run's
+    root always went before. inotify watches on those dirs, made at the root's first run, say so:
+    one read after each run, where looking at each dir cost a relay's every run a tenth of a
+    millisecond. A kept root serves at most :data:`MAX_AGE_S` (a lower layer, the host, may change
+    under it: its new files are then seen within that time) and :data:`MAX_RUNS` runs (a mount
+    each); where no watch can be had (inotify's limits), one run.
     """
 
     MAX_AGE_S = 1.0
@@ -1432,6 +1460,9 @@ class _KeptRoot:
 
     def __init__(self, world: "_World", runs_dir: str) -> None:
         self.world = world
+        #: The inotify descriptor watching what runs must leave as they found it (see
+        #: :meth:`take`), from the first run on; ``None`` before, or where none could be had.
+        self.changes: int | None = None
         name = os.urandom(6).hex()
         # Made under another name, locked, then named kept-*: the server removes a kept-* whose
         # lock nobody holds (its relay was killed from outside and could not drop it), and must
@@ -1451,22 +1482,16 @@ class _KeptRoot:
             os.mkdir(self.base + "/u", 0o755)
             os.mkdir(self.base + "/w", 0o700)
             self.upper = self.base + "/u"
-            #: Whether the upper layer is on a tmpfs, whose dirs' sizes count their entries (20
-            #: bytes each, and 40 for an empty one): then :meth:`_state` lists no dir. Seen here,
-            #: where the base holds three entries.
-            self.sized = os.lstat(self.upper).st_size == 40 and os.lstat(self.base).st_size == 100
             self.root = world.scratch + "/kept"
             world._mount_overlay(self.root, [], self.upper, self.base + "/w", {})
         except OSError:
             self._remove()
             raise
         self.shm = self.root + "/dev/shm"
-        #: The dirs :meth:`_state` looks at, set by the first run (see :meth:`take`).
-        self.checked: list[str] = []
         self.born = time.monotonic()
         self.runs = 0
-        #: What the checked dirs hold before a run, its mount point made: what it must leave.
-        self.state: list | None = None
+        #: Whether it may serve a run after this one (not where it has no watch).
+        self.lasts = True
         #: The current run's dir (its path in the run's view), while it is bound here.
         self.cwd: str | None = None
         #: The current run's dir on the runs' tmpfs, and whether it was removed after the run.
@@ -1475,30 +1500,35 @@ class _KeptRoot:
 
     def serves(self) -> bool:
         """Whether it may serve another run (young enough, not too many runs yet)."""
-        return self.runs < self.MAX_RUNS and time.monotonic() - self.born < self.MAX_AGE_S
+        return self.lasts and self.runs < self.MAX_RUNS and time.monotonic() - self.born < self.MAX_AGE_S
 
     def take(self, cwd: str, cwd_host: str) -> None:
         """Bind the run's dir ``cwd_host`` (on the runs' tmpfs) at ``cwd`` in this root; a
         ``FileExistsError`` if an earlier run's mount point has that name."""
         target = self.root + cwd
-        first = self.state is None
+        first = self.runs == 0
         if first:
             os.makedirs(os.path.dirname(target), exist_ok=True)
         os.mkdir(target, 0o700)  # (the first run's copies up the dirs on the way)
         if first:
             # What the upper layer holds now is what every later run must leave, but for one
-            # more mount point in the runs' parent dir for each run, which is read again here.
-            # The runs of a root share that parent dir (the server's temp dir, as runs see it); a
-            # run's dir elsewhere would copy its own parents up, which the check sees.
-            path, self.checked = self.upper, []
+            # more mount point in the runs' parent dir for each run (this relay's own change,
+            # dropped from the watch's queue below). The runs of a root share that parent dir (the
+            # server's temp dir, as runs see it); a run's dir elsewhere would copy its own
+            # parents up, which the watch sees.
+            path, watched = self.upper, []
             for part in os.path.dirname(cwd).split("/"):
                 if part:
-                    self.checked.append(path)
+                    watched.append(path)
                     path += "/" + part
-            self.checked += [path, self.shm]
-            self.state = self._state()
-        else:
-            self.state[-2] = self._state(self.checked[-2:-1])[0]
+            try:
+                self.changes = self.world.calls.watch_changes([*watched, path, self.shm])
+            except OSError:
+                self.lasts = False  # (it cannot tell whether a run left it as it was)
+        elif self.changes is not None:
+            # What the queue holds now is the mkdir's: the last run left nothing (give_back), and
+            # since then only this relay has been at work.
+            self.changed()
         self.cwd = cwd
         self.cwd_host = cwd_host
         self.run_dir_gone = False
@@ -1539,30 +1569,22 @@ class _KeptRoot:
         dir's mount point left, its dir gone: see :meth:`remove_run_dir`)."""
         assert self.cwd is not None
         self.cwd = None
-        try:
-            return self.run_dir_gone and self._state() == self.state
-        except OSError:
-            return False
+        return self.run_dir_gone and self.changes is not None and not self.changed()
 
-    def _state(self, paths: "list | None" = None) -> list:
-        """What a run may not change outside its dir: the upper layer's dirs down to the runs'
-        parent dir, and /dev/shm (:attr:`checked`), each with its entries, mode, owner and the
-        names of its extended attributes. No times: they may not move within a clock tick (coarse
-        timestamps), where a run is quicker than that. No xattr values: the only xattrs there
-        before a run are the overlay's own, which no run may set or change (overlayfs refuses its
-        own prefix), and one a run sets shows by its name.
-
-        On a tmpfs a dir's size counts its entries (each run pays for this check: an ``lstat``,
-        not a listing); elsewhere they are listed. One loop, no call per dir: this runs after
-        every run, in a relay whose every page written is a fault after the fork."""
-        return [
-            (
-                os.lstat(path)[:7],  # mode, inode, device, links, owner, group, size
-                os.listxattr(path, follow_symlinks=False),
-                None if self.sized else sorted(os.listdir(path)),
-            )
-            for path in (self.checked if paths is None else paths)
-        ]
+    def changed(self) -> bool:
+        """Whether the watched dirs changed since the last call (their events are read and
+        dropped): any event at all says so (a lost one too: the queue overflowed)."""
+        assert self.changes is not None
+        seen = False
+        while True:
+            try:
+                if not os.read(self.changes, 65536):
+                    return True
+            except BlockingIOError:
+                return seen
+            except OSError:
+                return True
+            seen = True
 
     def drop(self) -> None:
         """Unmount it (its run's dir too, if bound) and remove its upper layer."""
@@ -1573,6 +1595,9 @@ class _KeptRoot:
         self._remove()
 
     def _remove(self) -> None:
+        if self.changes is not None:
+            os.close(self.changes)
+            self.changes = None
         _remove_tree(self.base)
         try:
             os.close(self.lock)  # (after: the server removes no dir while it is locked)

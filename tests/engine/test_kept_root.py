@@ -24,6 +24,7 @@ import pytest
 
 from mocksandbox import divergence
 from mocksandbox.core import MockSandbox
+from mocksandbox.execution import launcher
 from mocksandbox.execution.confinement import CgroupConfinement
 from mocksandbox.execution.world import RUN_DIRS, holds_no_layers, lite_unavailable_reason
 from mocksandbox.models import RunCodeRequest
@@ -64,10 +65,16 @@ def test_a_root_left_untouched_is_kept(sandbox: MockSandbox) -> None:
     kept = kept_roots(sandbox)
     assert len(kept) == 1
     for _ in range(5):
-        # Reading the image and writing in its own dir leaves the root as it was.
+        # Reading the image (the dirs a change would show in too: /, /tmp and its runs' dirs,
+        # /dev/shm) and writing in its own dir leaves the root as it was.
         run(
             sandbox,
-            "import os\nopen('here.txt', 'w').write(str(os.listdir('/etc')))\nprint(open('here.txt').read()[:1])",
+            "import os\nopen('here.txt', 'w').write(str(os.listdir('/etc')))\n"
+            "for d in ('/', '/tmp', '/dev/shm'):\n"
+            "    os.listdir(d), os.stat(d), os.listxattr(d)\n"
+            "    for e in os.scandir(d):\n"
+            "        e.is_dir(), os.path.lexists(e.path)\n"
+            "print(open('here.txt').read()[:1])",
         )
         assert kept_roots(sandbox) == kept
 
@@ -91,6 +98,10 @@ def test_a_root_left_untouched_is_kept(sandbox: MockSandbox) -> None:
         "try:\n    os.setxattr('/tmp', 'user.overlay.origin', b'x')\nexcept OSError:\n    pass",
         "os.mkdir('/tmp/left')",
         "os.symlink('/etc', '/tmp/left')",
+        # Times too (a change no dir's entries, mode, owner or xattrs show).
+        "os.utime('/tmp', (0, 0))",
+        "os.utime('/dev/shm', (0, 0))",
+        "os.utime('/', (0, 0))",
     ],
 )
 def test_a_root_a_run_changed_goes_and_the_next_run_sees_nothing_of_it(
@@ -100,7 +111,8 @@ def test_a_root_a_run_changed_goes_and_the_next_run_sees_nothing_of_it(
         "import os\n"
         "print(os.path.lexists('/tmp/left'), os.path.exists('/etc/left'), os.path.exists('/etc/hostname'),\n"
         "      oct(os.stat('/tmp').st_mode), os.listxattr('/tmp'), os.listdir('/dev/shm'),\n"
-        "      oct(os.stat('/dev/shm').st_mode), os.listxattr('/'), oct(os.stat('/').st_mode))\n"
+        "      oct(os.stat('/dev/shm').st_mode), os.listxattr('/'), oct(os.stat('/').st_mode),\n"
+        "      [os.stat(d).st_mtime > 1 for d in ('/tmp', '/dev/shm', '/')])\n"
     )
     fresh = run(sandbox, look)
     before = kept_roots(sandbox)
@@ -366,3 +378,35 @@ def relays_of(box: MockSandbox) -> list[psutil.Process]:
     """The relays of ``box``'s launcher (its children), by pid."""
     launcher = box.engine.runner.launcher  # type: ignore[attr-defined]
     return sorted(psutil.Process(launcher.pid).children(), key=lambda relay: relay.pid)
+
+
+def test_where_no_watch_can_be_had_each_root_serves_one_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relay that cannot watch a root's dirs (inotify's limits, or no inotify) cannot tell whether
+    a run left them as it found them: each root then serves one run, as every root once did. The
+    launcher here is the real one with its watch failing as at the limit (EMFILE)."""
+    if (reason := lite_unavailable_reason()) is not None:
+        pytest.skip(reason)
+    source = launcher.FORKSERVER_SCRIPT.read_text()
+    main = '\nif __name__ == "__main__":\n'
+    assert source.count(main) == 1
+    failing = (
+        "\ndef _no_watch(self, dirs):\n"
+        "    raise OSError(24, 'inotify_init1: Too many open files')\n\n\n"
+        "_Syscalls.watch_changes = _no_watch\n"
+    )
+    script = tmp_path / "forkserver.py"
+    script.write_text(source.replace(main, failing + main))
+    monkeypatch.setattr(launcher, "FORKSERVER_SCRIPT", script)
+    settings = load_settings(overrides={"tmp_root": str(tmp_path / "runs"), "isolation": "lite"})
+    os.mkdir(tmp_path / "runs")
+    box = MockSandbox.create(settings)
+    try:
+        # The run's root names its upper layer (kept-<random>) in the run's own mount table.
+        which = "print(next(l for l in open('/proc/self/mountinfo') if ' / / ' in l).split('/kept-')[1][:12])"
+        roots = [run(box, which).strip() for _ in range(4)]
+    finally:
+        box.close()
+    assert all(len(name) == 12 for name in roots), roots
+    assert len(set(roots)) == len(roots), roots
