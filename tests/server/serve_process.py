@@ -235,7 +235,9 @@ def stop_serve(process: subprocess.Popen[str], timeout: float = 60) -> None:
             # every process there.)
             for child in psutil.Process(process.pid).children(recursive=True):
                 try:
-                    if "mocksandbox.cli" in child.cmdline():
+                    # The server itself: not a shell whose arguments name it (the PID-namespace
+                    # child shape's PID 1, which would die of it and end the namespace).
+                    if child.cmdline()[1:3] == ["-m", "mocksandbox.cli"]:
                         child.send_signal(signal.SIGINT)
                 except psutil.Error:
                     pass

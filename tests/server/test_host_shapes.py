@@ -21,6 +21,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import requests
 from serve_process import (
@@ -71,7 +72,25 @@ def server(shape: str, home: Path) -> Iterator[ServeProcess]:
             patch.setenv(name, value)
         process = start_serve(shape=shape, home=home)
     yield process
+    # What it keeps in the temp dir while it lives (its runs' dir, and the lock beside it that
+    # every mount namespace sees): gone once it has stopped, whatever the shape.
+    kept = {
+        Path(f.path)
+        for child in psutil.Process(process.process.pid).children(recursive=True)
+        if _is_server(child)
+        for f in child.open_files()
+        if Path(f.path).name.startswith("mocksandbox-")
+    }
     stop_serve(process.process)
+    assert kept, "the server held no lock in the temp dir"
+    assert not [p for p in kept if p.exists()], kept
+
+
+def _is_server(process: psutil.Process) -> bool:
+    try:
+        return process.cmdline()[1:3] == ["-m", "mocksandbox.cli"]
+    except psutil.Error:
+        return False
 
 
 def answers(server: ServeProcess) -> bool:
