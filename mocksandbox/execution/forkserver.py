@@ -368,6 +368,8 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
         return
     if pid == 0:
         _start_program(request, fds)
+    if world is not None:
+        _WORLD.ipc_used = True
     _close_all(fds[:3])
     global _WATCHED_STATUS_FD
     _WATCHED_STATUS_FD = status_fd
@@ -398,6 +400,10 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
         os.close(status_fd)
         if world is not None:
             _WORLD.unmount_run()  # (the next run of this relay waits for it)
+            try:
+                _WORLD.renew_ipc()  # (here, after the answer, rather than before the next run)
+            except OSError:
+                pass  # tried again before the next run, which fails if it fails again
 
 
 def _end_what_the_program_left(world: dict) -> None:
@@ -1002,6 +1008,8 @@ class _World:
         #: SIGCHLD is ignored (see reap): the kernel reaps the run's orphans; not while a run is
         #: on (the relay is made with it at its default, and must wait for its program).
         self.kernel_reaps = False
+        #: Whether a run has had the relay's IPC namespace (see renew_ipc).
+        self.ipc_used = False
         #: In a user namespace of the runs' own (see _RunUsers), else the host's root.
         self.users = config.get("userns") is not None
         #: Where the host's root file system is seen as the runs see it (their lowest layer): the
@@ -1260,6 +1268,8 @@ class _World:
         earlier run kept (:class:`_KeptRoot`)."""
         if self.mounted or (self.kept is not None and self.kept.cwd is not None):
             self.unmount_run()  # the last run's, if its unmount failed
+        if self.ipc_used:
+            self.renew_ipc()  # (the last run's renewal failed: this run fails if this one does)
         self.refresh_mask()
         self.current = self.root
         keep = world.get("keep")
@@ -1352,6 +1362,15 @@ class _World:
             except OSError:
                 pass
             self.mounted = False
+
+    def renew_ipc(self) -> None:
+        """A new IPC namespace for the relay, which its next run inherits: SysV shared memory,
+        semaphores and message queues and POSIX message queues outlive the processes that made
+        them, and the next run must find none of a run's (nor may runs pile them up, each holding
+        memory: the namespace they are in goes with them). The seccomp filter lets this one
+        ``unshare`` through; a program, without ``CAP_SYS_ADMIN``, is refused it by the kernel."""
+        self.calls.unshare(_CLONE_NEWIPC)
+        self.ipc_used = False
 
     def drop_kept(self) -> None:
         """Unmount the kept root, if any, and remove its upper layer."""

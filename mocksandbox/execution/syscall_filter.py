@@ -11,7 +11,9 @@ Mounts (``mount``, ``umount2``) are left to the kernel's own check, as Docker's 
 it allows them to a container that holds ``CAP_SYS_ADMIN`` and refuses them to one that does not. A
 run never holds it (nor can it: its bounding set is Docker's default capabilities), so the kernel
 refuses them with ``EPERM``; the relay, which mounts each run's root, holds it in the runs' user
-namespace.
+namespace. So is ``unshare(CLONE_NEWIPC)`` with no other flag: the relay gives each run an IPC
+namespace of its own with it (``forkserver._World.renew_ipc``), and the kernel refuses it to a run,
+for want of ``CAP_SYS_ADMIN``; every other ``unshare`` is refused here.
 
 The filter is compiled here, with libseccomp (through ``pyseccomp``, a ctypes binding to the host's
 ``libseccomp.so.2``), into a classic BPF program; the launcher, which runs under the user's
@@ -34,7 +36,6 @@ DENIED_SYSCALLS = (
     # mounts and namespaces (``mount`` and ``umount2``: see above)
     "umount",
     "pivot_root",
-    "unshare",
     "setns",
     "open_tree",
     "move_mount",
@@ -78,7 +79,7 @@ DENIED_SYSCALLS = (
     "vm86old",
 )
 
-#: ``clone`` flags that make new namespaces: refused as ``unshare`` is.
+#: ``clone`` flags that make new namespaces: refused, as ``unshare`` is.
 NAMESPACE_CLONE_FLAGS = (
     0x00020000,  # CLONE_NEWNS
     0x02000000,  # CLONE_NEWCGROUP
@@ -89,6 +90,10 @@ NAMESPACE_CLONE_FLAGS = (
     0x40000000,  # CLONE_NEWNET
     0x00000080,  # CLONE_NEWTIME
 )
+
+
+#: The one ``unshare`` the filter lets through (the kernel still asks for ``CAP_SYS_ADMIN``).
+CLONE_NEWIPC = 0x08000000
 
 
 class FilterUnavailable(RuntimeError):
@@ -111,6 +116,8 @@ def compile_run_filter() -> bytes:
                 rules.add_rule(seccomp.ERRNO(errno.EPERM), name)
             except (RuntimeError, ValueError, OSError):
                 continue  # not a system call of this architecture
+        # unshare: refused but for CLONE_NEWIPC alone (see above).
+        rules.add_rule(seccomp.ERRNO(errno.EPERM), "unshare", seccomp.Arg(0, seccomp.NE, CLONE_NEWIPC))
         for flag in NAMESPACE_CLONE_FLAGS:
             # x86-64 and most others pass clone's flags first; s390 second (libseccomp knows).
             rules.add_rule(seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))

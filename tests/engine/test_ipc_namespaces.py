@@ -1,0 +1,68 @@
+"""Each run of a world has an IPC namespace of its own (``forkserver._World.renew_ipc``): SysV
+shared memory, semaphores and message queues and POSIX message queues outlive the processes that
+made them, in their namespace, so a relay's runs would otherwise find what its earlier runs left
+(and could pile up shared memory run after run). Real engines (isolation lite, both exec modes),
+real runs one after another, which go to one relay."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from mocksandbox.core import MockSandbox
+from mocksandbox.execution.world import lite_unavailable_reason
+from mocksandbox.models import RunCodeRequest
+from mocksandbox.settings import load_settings
+
+
+@pytest.fixture(scope="module", params=["fork", "spawn"])
+def sandbox(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[MockSandbox]:
+    if (reason := lite_unavailable_reason()) is not None:
+        pytest.skip(reason)
+    overrides = {
+        "tmp_root": str(tmp_path_factory.mktemp("runs")),
+        "exec_mode": request.param,
+        "isolation": "lite",
+    }
+    box = MockSandbox.create(load_settings(overrides=overrides))
+    yield box
+    box.close()
+
+
+LIBC = (
+    "import ctypes, os\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "libc.shmat.restype = ctypes.c_void_p\n"
+    "def counts():\n"
+    "    return [len(open('/proc/sysvipc/' + kind).read().splitlines()) - 1 for kind in ('shm', 'sem', 'msg')]\n"
+)
+PLANT = LIBC + (
+    "shm = libc.shmget(0x5EED, 1 << 20, 0o1000 | 0o600)\n"  # IPC_CREAT
+    "ctypes.memmove(libc.shmat(shm, None, 0), b'left by a run', 13)\n"
+    "print(libc.semget(0x5EED, 1, 0o1000 | 0o600) >= 0, libc.msgget(0x5EED, 0o1000 | 0o600) >= 0,\n"
+    "      libc.mq_open(b'/left-by-a-run', os.O_CREAT | os.O_RDWR, 0o600, None) >= 0, counts())\n"
+)
+LOOK = LIBC + (
+    "print(counts(), libc.shmget(0x5EED, 0, 0), libc.semget(0x5EED, 0, 0), libc.msgget(0x5EED, 0),\n"
+    "      libc.mq_open(b'/left-by-a-run', os.O_RDONLY))\n"
+)
+
+
+def run(box: MockSandbox, code: str, **fields: object) -> str:
+    answer = box.engine.run_code(RunCodeRequest(code=code, language="python", **fields))  # type: ignore[arg-type]
+    assert answer.run_result is not None and answer.run_result.return_code == 0, answer
+    return (answer.run_result.stdout or "").strip()
+
+
+# A run in a root its relay keeps, and one in a root of its own (fetch_files).
+KINDS = [{}, {"fetch_files": ["nothing-here"]}]
+
+
+@pytest.mark.parametrize("planter", KINDS, ids=["kept-root", "own-root"])
+def test_a_run_finds_nothing_an_earlier_run_left_in_ipc(sandbox: MockSandbox, planter: dict) -> None:
+    assert run(sandbox, PLANT, **planter) == "True True True [1, 1, 1]"
+    for looker in KINDS:
+        assert run(sandbox, LOOK, **looker) == "[0, 0, 0] -1 -1 -1 -1"
