@@ -368,8 +368,6 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
         return
     if pid == 0:
         _start_program(request, fds)
-    if world is not None:
-        _WORLD.ipc_used = True
     _close_all(fds[:3])
     global _WATCHED_STATUS_FD
     _WATCHED_STATUS_FD = status_fd
@@ -400,10 +398,13 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
         os.close(status_fd)
         if world is not None:
             _WORLD.unmount_run()  # (the next run of this relay waits for it)
-            try:
-                _WORLD.renew_ipc()  # (here, after the answer, rather than before the next run)
-            except OSError:
-                pass  # tried again before the next run, which fails if it fails again
+            # (Where some of the run's processes may live on, what they may yet make is not
+            # counted now: a new namespace all the same.)
+            if not nothing_left or _WORLD.ipc_left():
+                try:
+                    _WORLD.renew_ipc()  # (here, after the answer, rather than before the next run)
+                except OSError:
+                    pass  # tried again before the next run, which fails if it fails again
 
 
 def _end_what_the_program_left(world: dict) -> None:
@@ -626,6 +627,10 @@ _MS_REC = 16384
 _MS_PRIVATE = 1 << 18
 _MS_SLAVE = 1 << 19
 _MNT_DETACH = 2
+# What is left in an IPC namespace (see _World.ipc_left): the INFO commands of shmctl, semctl, msgctl.
+_SHM_INFO = 14
+_SEM_INFO = 19
+_MSG_INFO = 12
 # inotify: a kept root's changes (see _KeptRoot). Every change of a dir's entries or of an inode's
 # attributes (mode, owner, times set, extended attributes) or contents; not reads, opens or closes.
 _IN_CHANGES = 0x2 | 0x4 | 0x40 | 0x80 | 0x100 | 0x200 | 0x400 | 0x800
@@ -704,6 +709,7 @@ class _Syscalls:
                 ("inheritable", ctypes.c_uint32),
             )
 
+        self._ipc_info = ctypes.create_string_buffer(128)  # (any of the three INFO structs)
         self._mm_map = None
         self._layout: list = []
         self._layout_of = 0
@@ -732,6 +738,21 @@ class _Syscalls:
     def umount(self, target: str) -> None:
         if self.libc.umount2(target.encode(), _MNT_DETACH) != 0:
             self._check(-1, f"umount {target}")
+
+    def sysv_ipc_objects(self) -> int:
+        """How many SysV shared memory segments, semaphore sets and message queues this process's
+        IPC namespace holds (``struct shm_info``'s ``used_ids``, ``struct seminfo``'s ``semusz``,
+        ``struct msginfo``'s ``msgpool``)."""
+        info = self._ipc_info
+        if self.libc.shmctl(0, _SHM_INFO, info) < 0:
+            self._check(-1, "shmctl SHM_INFO")
+        count = int.from_bytes(info.raw[0:4], sys.byteorder, signed=True)
+        if self.libc.semctl(0, 0, _SEM_INFO, info) < 0:
+            self._check(-1, "semctl SEM_INFO")
+        count += int.from_bytes(info.raw[28:32], sys.byteorder, signed=True)
+        if self.libc.msgctl(0, _MSG_INFO, info) < 0:
+            self._check(-1, "msgctl MSG_INFO")
+        return count + int.from_bytes(info.raw[0:4], sys.byteorder, signed=True)
 
     def watch_changes(self, dirs: list) -> int:
         """An inotify descriptor (non-blocking) that has an event once anything in ``dirs``, or
@@ -1008,8 +1029,9 @@ class _World:
         #: SIGCHLD is ignored (see reap): the kernel reaps the run's orphans; not while a run is
         #: on (the relay is made with it at its default, and must wait for its program).
         self.kernel_reaps = False
-        #: Whether a run has had the relay's IPC namespace (see renew_ipc).
-        self.ipc_used = False
+        #: Whether the relay's IPC namespace holds what a run left, which the next run must not
+        #: find (see renew_ipc).
+        self.ipc_dirty = False
         #: In a user namespace of the runs' own (see _RunUsers), else the host's root.
         self.users = config.get("userns") is not None
         #: Where the host's root file system is seen as the runs see it (their lowest layer): the
@@ -1049,8 +1071,12 @@ class _World:
         if os.path.exists("/proc/sysrq-trigger"):
             calls.mount("/dev/null", "/proc/sysrq-trigger", None, _MS_BIND)
         calls.mount("tmpfs", self.scratch, "tmpfs", _MS_NOSUID, "mode=0700,size=8m")
-        for name in ("mask", "sys", "dev", "root", "kept"):
+        for name in ("mask", "sys", "dev", "root", "kept", "mqueue"):
             os.mkdir(self.scratch + "/" + name, 0o755)
+        #: The POSIX message queues of the relay's IPC namespace, where they can be seen (else
+        #: every run's namespace is a new one: see ipc_left).
+        self.mqueue: str | None = self.scratch + "/mqueue"
+        self._mount_mqueue()
         if self.host:
             os.mkdir(self.host, 0o755)
             calls.mount("lower", self.host, None, _MS_BIND)
@@ -1268,7 +1294,7 @@ class _World:
         earlier run kept (:class:`_KeptRoot`)."""
         if self.mounted or (self.kept is not None and self.kept.cwd is not None):
             self.unmount_run()  # the last run's, if its unmount failed
-        if self.ipc_used:
+        if self.ipc_dirty:
             self.renew_ipc()  # (the last run's renewal failed: this run fails if this one does)
         self.refresh_mask()
         self.current = self.root
@@ -1363,14 +1389,42 @@ class _World:
                 pass
             self.mounted = False
 
+    def ipc_left(self) -> bool:
+        """Once a run's processes are gone: whether it left anything in the relay's IPC namespace.
+        SysV shared memory, semaphores and message queues and POSIX message queues outlive the
+        processes that made them, and the next run must find none of a run's (nor may runs pile
+        them up, each holding memory). Counted in four calls; where the queues cannot be seen,
+        always."""
+        try:
+            if self.mqueue is None or os.stat(self.mqueue).st_size != self.mqueue_empty:
+                return True  # (its root's size is 20 bytes a queue over its empty size)
+            return self.calls.sysv_ipc_objects() != 0
+        except OSError:
+            return True
+
     def renew_ipc(self) -> None:
-        """A new IPC namespace for the relay, which its next run inherits: SysV shared memory,
-        semaphores and message queues and POSIX message queues outlive the processes that made
-        them, and the next run must find none of a run's (nor may runs pile them up, each holding
-        memory: the namespace they are in goes with them). The seccomp filter lets this one
+        """A new IPC namespace for the relay, which its next run inherits; what the last run left
+        goes with the old one, which its last process has left. The seccomp filter lets this one
         ``unshare`` through; a program, without ``CAP_SYS_ADMIN``, is refused it by the kernel."""
+        self.ipc_dirty = True
         self.calls.unshare(_CLONE_NEWIPC)
-        self.ipc_used = False
+        self.ipc_dirty = False
+        if self.mqueue is not None:
+            try:
+                self.calls.umount(self.mqueue)
+            except OSError:
+                pass
+            self._mount_mqueue()
+
+    def _mount_mqueue(self) -> None:
+        """The POSIX message queues of the relay's IPC namespace (a mount sees the namespace it
+        was made in) at :attr:`mqueue`, or ``None`` there where they cannot be seen."""
+        try:
+            self.calls.mount("mqueue", self.mqueue, "mqueue", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+            #: The size of its root in a new namespace, which holds no queue.
+            self.mqueue_empty = os.stat(self.mqueue).st_size
+        except OSError:
+            self.mqueue = None
 
     def drop_kept(self) -> None:
         """Unmount the kept root, if any, and remove its upper layer."""

@@ -32,23 +32,20 @@ def sandbox(
     box.close()
 
 
-LIBC = (
-    "import ctypes, os\n"
-    "libc = ctypes.CDLL(None, use_errno=True)\n"
-    "libc.shmat.restype = ctypes.c_void_p\n"
-    "def counts():\n"
-    "    return [len(open('/proc/sysvipc/' + kind).read().splitlines()) - 1 for kind in ('shm', 'sem', 'msg')]\n"
-)
-PLANT = LIBC + (
-    "shm = libc.shmget(0x5EED, 1 << 20, 0o1000 | 0o600)\n"  # IPC_CREAT
-    "ctypes.memmove(libc.shmat(shm, None, 0), b'left by a run', 13)\n"
-    "print(libc.semget(0x5EED, 1, 0o1000 | 0o600) >= 0, libc.msgget(0x5EED, 0o1000 | 0o600) >= 0,\n"
-    "      libc.mq_open(b'/left-by-a-run', os.O_CREAT | os.O_RDWR, 0o600, None) >= 0, counts())\n"
-)
+LIBC = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.shmat.restype = ctypes.c_void_p\n"
+#: Each kind of object a run can leave in its IPC namespace, made alone (0o1000: IPC_CREAT).
+PLANTS = {
+    "shm": "ctypes.memmove(libc.shmat(libc.shmget(0x5EED, 1 << 20, 0o1000 | 0o600), None, 0), b'left', 4)",
+    "sem": "assert libc.semget(0x5EED, 1, 0o1000 | 0o600) >= 0",
+    "msg": "assert libc.msgget(0x5EED, 0o1000 | 0o600) >= 0",
+    "mq": "assert libc.mq_open(b'/left-by-a-run', os.O_CREAT | os.O_RDWR, 0o600, None) >= 0",
+}
 LOOK = LIBC + (
-    "print(counts(), libc.shmget(0x5EED, 0, 0), libc.semget(0x5EED, 0, 0), libc.msgget(0x5EED, 0),\n"
+    "print([len(open('/proc/sysvipc/' + kind).read().splitlines()) - 1 for kind in ('shm', 'sem', 'msg')],\n"
+    "      libc.shmget(0x5EED, 0, 0), libc.semget(0x5EED, 0, 0), libc.msgget(0x5EED, 0),\n"
     "      libc.mq_open(b'/left-by-a-run', os.O_RDONLY))\n"
 )
+NOTHING = "[0, 0, 0] -1 -1 -1 -1"
 
 
 def run(box: MockSandbox, code: str, **fields: object) -> str:
@@ -58,11 +55,18 @@ def run(box: MockSandbox, code: str, **fields: object) -> str:
 
 
 # A run in a root its relay keeps, and one in a root of its own (fetch_files).
-KINDS = [{}, {"fetch_files": ["nothing-here"]}]
+ROOTS = [{}, {"fetch_files": ["nothing-here"]}]
 
 
-@pytest.mark.parametrize("planter", KINDS, ids=["kept-root", "own-root"])
-def test_a_run_finds_nothing_an_earlier_run_left_in_ipc(sandbox: MockSandbox, planter: dict) -> None:
-    assert run(sandbox, PLANT, **planter) == "True True True [1, 1, 1]"
-    for looker in KINDS:
-        assert run(sandbox, LOOK, **looker) == "[0, 0, 0] -1 -1 -1 -1"
+@pytest.mark.parametrize("planter", ROOTS, ids=["kept-root", "own-root"])
+@pytest.mark.parametrize("kind", sorted(PLANTS))
+def test_a_run_finds_nothing_an_earlier_run_left_in_ipc(
+    sandbox: MockSandbox, kind: str, planter: dict
+) -> None:
+    """Each kind alone: the relay looks for each (it makes a new namespace only where a run left
+    something)."""
+    assert run(sandbox, LOOK) == NOTHING
+    planted = run(sandbox, LIBC + PLANTS[kind] + "\n" + LOOK, **planter)
+    assert planted != NOTHING, planted  # (seen by the run that made it)
+    for looker in ROOTS:
+        assert run(sandbox, LOOK, **looker) == NOTHING
