@@ -709,7 +709,7 @@ class _Syscalls:
                 ("inheritable", ctypes.c_uint32),
             )
 
-        self._ipc_info = ctypes.create_string_buffer(128)  # (any of the three INFO structs)
+        self._ipc_info = (ctypes.c_int * 32)()  # (any of the three INFO structs, read as ints)
         self._mm_map = None
         self._layout: list = []
         self._layout_of = 0
@@ -743,16 +743,16 @@ class _Syscalls:
         """How many SysV shared memory segments, semaphore sets and message queues this process's
         IPC namespace holds (``struct shm_info``'s ``used_ids``, ``struct seminfo``'s ``semusz``,
         ``struct msginfo``'s ``msgpool``)."""
-        info = self._ipc_info
-        if self.libc.shmctl(0, _SHM_INFO, info) < 0:
+        info, libc = self._ipc_info, self.libc
+        if libc.shmctl(0, _SHM_INFO, info) < 0:
             self._check(-1, "shmctl SHM_INFO")
-        count = int.from_bytes(info.raw[0:4], sys.byteorder, signed=True)
-        if self.libc.semctl(0, 0, _SEM_INFO, info) < 0:
+        count = info[0]
+        if libc.semctl(0, 0, _SEM_INFO, info) < 0:
             self._check(-1, "semctl SEM_INFO")
-        count += int.from_bytes(info.raw[28:32], sys.byteorder, signed=True)
-        if self.libc.msgctl(0, _MSG_INFO, info) < 0:
+        count += info[7]
+        if libc.msgctl(0, _MSG_INFO, info) < 0:
             self._check(-1, "msgctl MSG_INFO")
-        return count + int.from_bytes(info.raw[0:4], sys.byteorder, signed=True)
+        return count + info[0]
 
     def watch_changes(self, dirs: list) -> int:
         """An inotify descriptor (non-blocking) that has an event once anything in ``dirs``, or
