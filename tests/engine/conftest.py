@@ -42,10 +42,34 @@ def sandbox(request: pytest.FixtureRequest, runs_dir: Path) -> Iterator[MockSand
         pytest.skip("cgroup v1 pids/memory/freezer controllers are not writable here")
     if isolation == "lite" and (reason := lite_unavailable_reason()) is not None:
         pytest.skip(reason)
-    overrides = {"tmp_root": str(runs_dir), "confinement": mode, "exec_mode": exec_mode, "isolation": isolation}
+    overrides = {
+        "tmp_root": str(runs_dir),
+        "confinement": mode,
+        "exec_mode": exec_mode,
+        "isolation": isolation,
+    }
     box = MockSandbox.create(load_settings(overrides=overrides))
     assert box.confinement.name == mode
     assert box.engine.isolation.mode == isolation
+    yield box
+    box.close()
+
+
+@pytest.fixture(scope="module", params=["fork", "spawn"])
+def lite_sandbox(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[MockSandbox]:
+    """A real engine under isolation lite (skipped where this host gives none), in each execution
+    mode, one per test module: runs one after another go to one relay (the launcher hands out the
+    last one given back)."""
+    if (reason := lite_unavailable_reason()) is not None:
+        pytest.skip(reason)
+    overrides = {
+        "tmp_root": str(tmp_path_factory.mktemp("runs")),
+        "exec_mode": request.param,
+        "isolation": "lite",
+    }
+    box = MockSandbox.create(load_settings(overrides=overrides))
     yield box
     box.close()
 

@@ -6,30 +6,15 @@ real runs one after another, which go to one relay."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from mocksandbox.core import MockSandbox
-from mocksandbox.execution.world import lite_unavailable_reason
 from mocksandbox.models import RunCodeRequest
-from mocksandbox.settings import load_settings
 
 
-@pytest.fixture(scope="module", params=["fork", "spawn"])
-def sandbox(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[MockSandbox]:
-    if (reason := lite_unavailable_reason()) is not None:
-        pytest.skip(reason)
-    overrides = {
-        "tmp_root": str(tmp_path_factory.mktemp("runs")),
-        "exec_mode": request.param,
-        "isolation": "lite",
-    }
-    box = MockSandbox.create(load_settings(overrides=overrides))
-    yield box
-    box.close()
+@pytest.fixture(scope="module")
+def sandbox(lite_sandbox: MockSandbox) -> MockSandbox:
+    return lite_sandbox
 
 
 LIBC = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.shmat.restype = ctypes.c_void_p\n"

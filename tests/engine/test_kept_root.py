@@ -15,7 +15,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,21 +31,9 @@ from mocksandbox.models import RunCodeRequest
 from mocksandbox.settings import load_settings
 
 
-@pytest.fixture(scope="module", params=["fork", "spawn"])
-def sandbox(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[MockSandbox]:
-    if (reason := lite_unavailable_reason()) is not None:
-        pytest.skip(reason)
-    # Runs one after another go to one relay (the launcher hands out the last one given back).
-    overrides = {
-        "tmp_root": str(tmp_path_factory.mktemp("runs")),
-        "exec_mode": request.param,
-        "isolation": "lite",
-    }
-    box = MockSandbox.create(load_settings(overrides=overrides))
-    yield box
-    box.close()
+@pytest.fixture(scope="module")
+def sandbox(lite_sandbox: MockSandbox) -> MockSandbox:
+    return lite_sandbox
 
 
 def run(box: MockSandbox, code: str, **fields: object) -> str:
