@@ -53,10 +53,13 @@ not run
 '''
 
 
-def test_a_broken_example_fails_the_suite(pytester: pytest.Pytester) -> None:
+def test_a_broken_example_fails_the_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     pytester.makeconftest((ROOT / "docs" / "conftest.py").read_text())
     pytester.makefile(".md", page=PAGE)
+    logs = pytester.mkdir("tmp")  # where the blocks' servers log (TMPDIR): emptied, a failed one's too
+    monkeypatch.setenv("TMPDIR", str(logs))
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "page.md", timeout=600)
+    assert [p.name for p in logs.iterdir() if p.name.startswith("docs-serve-")] == []
     outcomes = result.parseoutcomes()
     assert (outcomes.get("passed"), outcomes.get("failed"), outcomes.get("skipped")) == (3, 3, 1), outcomes  # (the skip directive is an example too)
     output = result.stdout.str()
