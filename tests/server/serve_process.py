@@ -224,6 +224,16 @@ def start_serve(
     return ServeProcess(match.group(1), process, banner, cgroup, runs_dir)
 
 
+def is_server_process(process: psutil.Process) -> bool:
+    """Whether ``process`` is a ``mocksandbox serve`` server itself: not a shell whose arguments
+    name it (the PID-namespace child shape's PID 1, which would die of a Ctrl-C meant for the
+    server and end the namespace)."""
+    try:
+        return process.cmdline()[1:3] == ["-m", "mocksandbox.cli"]
+    except psutil.Error:
+        return False
+
+
 def stop_serve(process: subprocess.Popen[str], timeout: float = 60) -> None:
     """Ctrl-C, as a user stops it; killed if it does not stop within ``timeout``."""
     if process.poll() is None:
@@ -234,13 +244,11 @@ def stop_serve(process: subprocess.Popen[str], timeout: float = 60) -> None:
             # (Not to a shell between them either: as PID 1 of the namespace, its end is the end of
             # every process there.)
             for child in psutil.Process(process.pid).children(recursive=True):
-                try:
-                    # The server itself: not a shell whose arguments name it (the PID-namespace
-                    # child shape's PID 1, which would die of it and end the namespace).
-                    if child.cmdline()[1:3] == ["-m", "mocksandbox.cli"]:
+                if is_server_process(child):
+                    try:
                         child.send_signal(signal.SIGINT)
-                except psutil.Error:
-                    pass
+                    except psutil.Error:
+                        pass
         else:
             process.send_signal(signal.SIGINT)
     try:

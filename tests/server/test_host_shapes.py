@@ -30,6 +30,7 @@ from serve_process import (
     ORDINARY_UID,
     ServeProcess,
     a_runs_ids_on_the_host,
+    is_server_process,
     run_uid_of,
     shape_command,
     start_serve,
@@ -77,20 +78,13 @@ def server(shape: str, home: Path) -> Iterator[ServeProcess]:
     kept = {
         Path(f.path)
         for child in psutil.Process(process.process.pid).children(recursive=True)
-        if _is_server(child)
+        if is_server_process(child)
         for f in child.open_files()
         if Path(f.path).name.startswith("mocksandbox-")
     }
     stop_serve(process.process)
     assert kept, "the server held no lock in the temp dir"
     assert not [p for p in kept if p.exists()], kept
-
-
-def _is_server(process: psutil.Process) -> bool:
-    try:
-        return process.cmdline()[1:3] == ["-m", "mocksandbox.cli"]
-    except psutil.Error:
-        return False
 
 
 def answers(server: ServeProcess) -> bool:
