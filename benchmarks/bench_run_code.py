@@ -26,6 +26,12 @@ says when the clients were the limit, not the server, or when the host's cores w
 
     python benchmarks/bench_run_code.py --modes fork --workers 1,2,4,8 --concurrency 64 \
         --client-processes 4
+
+To compare two targets on a machine whose speed drifts (a shared VM), ``--interleave TURNS`` keeps
+every target of a round up at once and measures each level in turns, the targets taking turns:
+
+    python benchmarks/bench_run_code.py --modes fork --isolation none,lite --concurrency 1,16 \
+        --requests 2000 --rounds 5 --interleave 4
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -492,30 +499,48 @@ def _busy_seconds() -> float:
     )
 
 
-def run_level(
+@dataclass
+class _Slice:
+    """One stretch of load on one target: its loads, the wall time from the start signal to the
+    end of the last, and the busy CPU seconds of this script's cores over ``elapsed_s``."""
+
+    loads: list[_Load]
+    wall_s: float
+    busy_s: float
+    elapsed_s: float
+
+
+def _load_slice(
     url: str,
     concurrency: int,
     total: int,
     timeout: float,
-    workload: list[tuple[dict[str, Any], str | None]] = WORKLOADS["print"],
-    client: str = "http",
-    pool: ClientPool | None = None,
-) -> Level:
-    """``total`` requests from ``concurrency`` threads, each with its own connection: threads of
-    this process, or spread over the processes of ``pool``."""
+    workload: list[tuple[dict[str, Any], str | None]],
+    client: str,
+    pool: ClientPool | None,
+) -> _Slice:
     busy_before, started = _busy_seconds(), time.monotonic()
     if pool is None:
         load = _drive(url, concurrency, total, timeout, workload, client)
         loads, wall = [load], load.ended - load.started
     else:
         loads, wall = pool.run(url, concurrency, total, timeout, workload, client)
+    return _Slice(loads, wall, _busy_seconds() - busy_before, time.monotonic() - started)
+
+
+def level_of(concurrency: int, total: int, slices: list[_Slice]) -> Level:
+    """The figures of one level measured in ``slices`` (one, unless ``--interleave``): req/s over
+    their summed wall time, percentiles over all their requests."""
+    loads = [load for part in slices for load in part.loads]
+    wall = sum(part.wall_s for part in slices)
     # Over a little more than ``wall`` (the threads' start and end): all but the shortest levels
     # are long enough for that not to matter.
-    host_busy = (_busy_seconds() - busy_before) / max(time.monotonic() - started, 1e-9)
+    host_busy = sum(part.busy_s for part in slices) / max(sum(part.elapsed_s for part in slices), 1e-9)
     latencies = [latency for load in loads for latency in load.latencies]
     ok = len(latencies)
     client_cpu = sum(load.cpu_s for load in loads)
-    capacity = min(len(loads), client_cores_available())
+    processes = max(len(part.loads) for part in slices)
+    capacity = min(processes, client_cores_available())
     cores = client_cpu / wall if wall > 0 else 0.0
     return Level(
         concurrency=concurrency,
@@ -528,13 +553,28 @@ def run_level(
         p95_ms=percentile(latencies, 95) * 1000 if ok else math.nan,
         mean_ms=statistics.fmean(latencies) * 1000 if ok else math.nan,
         first_error=next((load.first_error for load in loads if load.first_error), None),
-        client_processes=len(loads),
+        client_processes=processes,
         client_cpu_ms=client_cpu / ok * 1000 if ok else None,
         client_cores=cores,
         client_cores_available=capacity,
         client_saturated=cores >= CLIENT_SATURATED * capacity,
         host_cores_busy=host_busy,
     )
+
+
+def run_level(
+    url: str,
+    concurrency: int,
+    total: int,
+    timeout: float,
+    workload: list[tuple[dict[str, Any], str | None]] = WORKLOADS["print"],
+    client: str = "http",
+    pool: ClientPool | None = None,
+) -> Level:
+    """``total`` requests from ``concurrency`` threads, each with its own connection: threads of
+    this process, or spread over the processes of ``pool``."""
+    turn = _load_slice(url, concurrency, total, timeout, workload, client, pool)
+    return level_of(concurrency, total, [turn])
 
 
 def measure_target(
@@ -561,6 +601,72 @@ def measure_target(
                 setattr(level, f"{part}_cpu_ms", seconds / level.ok * 1000)
         target.levels.append(level)
     return target
+
+
+@dataclass
+class Entry:
+    """A target of one round, up and reachable: its name, URL and (a served mock's) CPU meter."""
+
+    name: str
+    url: str
+    meter: CpuMeter | None = None
+    workers: int | None = None
+    series: str | None = None
+
+
+def measure_interleaved(
+    entries: list[Entry],
+    levels: list[int],
+    total: int,
+    slices: int,
+    warmup: int,
+    timeout: float,
+    workload: list[tuple[dict[str, Any], str | None]] = WORKLOADS["print"],
+    client: str = "http",
+    pool: ClientPool | None = None,
+) -> list[Target]:
+    """Every target, all up at once, measured at each level in ``slices`` turns of ``total /
+    slices`` requests, the order reversed every other turn (A B, B A, A B, ...): whatever drifts
+    on the machine over seconds weighs on each target alike, where targets measured one after the
+    other, a level each, are compared across tens of seconds. Each level's figures are over all of
+    its turns; the CPU of a served mock is metered over its own turns only."""
+    targets = [
+        Target(
+            entry.name,
+            entry.url,
+            workers=entry.workers,
+            series=entry.series,
+            programs_cpu_from=entry.meter.programs_from if entry.meter is not None else None,
+        )
+        for entry in entries
+    ]
+    if warmup:
+        for entry in entries:
+            run_level(entry.url, 1, warmup, timeout, workload, client)
+    shares = [share for share in _split(total, slices) if share]
+    for concurrency in levels:
+        turns: list[list[_Slice]] = [[] for _ in entries]
+        spent: list[dict[str, float]] = [dict.fromkeys(CPU_PARTS, 0.0) for _ in entries]
+        for number, share in enumerate(shares):
+            order = list(range(len(entries)))
+            if number % 2:
+                order.reverse()
+            for index in order:
+                meter = entries[index].meter
+                before = meter.sample() if meter is not None else None
+                turns[index].append(
+                    _load_slice(entries[index].url, concurrency, share, timeout, workload, client, pool)
+                )
+                if meter is not None and before is not None:
+                    for part, seconds in meter.spent(before, meter.sample()).items():
+                        spent[index][part] += seconds
+        for index, target in enumerate(targets):
+            level = level_of(concurrency, total, turns[index])
+            if entries[index].meter is not None and level.ok:
+                for part, seconds in spent[index].items():
+                    setattr(level, f"{part}_cpu_ms", seconds / level.ok * 1000)
+            target.levels.append(level)
+    return targets
 
 
 _CPUACCT = "/sys/fs/cgroup/cpuacct"
@@ -969,6 +1075,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "and report medians: on a machine whose speed drifts, a ratio of two targets measured "
         "minutes apart says little (default 1)",
     )
+    parser.add_argument(
+        "--interleave",
+        type=int,
+        default=0,
+        metavar="TURNS",
+        help="in each round, keep every target up at once and measure each level in TURNS turns, the "
+        "targets taking turns (A B, B A, ...): for a ratio of two targets on a machine whose speed "
+        "drifts within a round (default 0: one target after the other, a level each)",
+    )
     parser.add_argument("--spawn-runs", type=int, help="bare spawns to time (default: --requests)")
     parser.add_argument(
         "--python",
@@ -1022,6 +1137,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--rounds must be positive")
     if args.client_processes < 1:
         parser.error("--client-processes must be positive")
+    if args.interleave < 0 or args.interleave > args.requests:
+        parser.error("--interleave takes 0 (off) up to --requests turns")
     if not args.levels or min(args.levels) < 1 or args.requests < 1:
         parser.error("--concurrency and --requests must be positive")
     return args
@@ -1036,46 +1153,50 @@ def main(argv: list[str] | None = None) -> int:
     python = args.python or load_settings().python
     rounds: list[list[Target]] = []
 
-    def measure(name: str, url: str, meter: CpuMeter | None = None) -> Target:
-        return measure_target(
-            name,
-            url,
+    def measure(entry: Entry) -> Target:
+        target = measure_target(
+            entry.name,
+            entry.url,
             args.levels,
             args.requests,
             args.warmup,
             args.timeout,
             workload,
             args.client,
-            meter,
+            entry.meter,
             pool,
         )
+        target.workers, target.series = entry.workers, entry.series
+        return target
 
-    def served(mode: str, workers: int, isolation: str | None) -> Callable[[], Target]:
-        def run() -> Target:
-            # One served mock at a time: the others would share the cores while idle.
+    def reachable(entry: Entry) -> Callable[[], AbstractContextManager[Entry]]:
+        return lambda: contextlib.nullcontext(entry)
+
+    def served(mode: str, workers: int, isolation: str | None) -> Callable[[], AbstractContextManager[Entry]]:
+        @contextlib.contextmanager
+        def up() -> Iterator[Entry]:
             with served_mock(mode, workers, args.python, isolation) as (url, meter):
                 series = f"mock-{mode}" + (f"-{isolation}" if isolation else "")
                 name = f"mock-{mode}" + (f"-w{workers}" if len(args.worker_counts) > 1 else "")
                 name += f"-{isolation}" if isolation else ""
-                target = measure(name, url, meter)
-                target.workers, target.series = workers, series
-                return target
+                yield Entry(name, url, meter, workers, series)
 
-        return run
+        return up
 
     with contextlib.ExitStack() as stack:
         pool = None
         if args.client_processes > 1:
             pool = ClientPool(args.client_processes)
             stack.callback(pool.close)
-        plan: list[Callable[[], Target]] = []
+        #: Each target, as a context in which it is up (a served mock: only in it).
+        plan: list[Callable[[], AbstractContextManager[Entry]]] = []
         if args.url:
-            plan.append(lambda: measure("mock", args.url))
+            plan.append(reachable(Entry("mock", args.url)))
         else:
             for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
                 if mode == "in-process":
                     url, python, _ = stack.enter_context(in_process_mock())
-                    plan.append(lambda url=url, mode=mode: measure(f"mock-{mode}", url))
+                    plan.append(reachable(Entry(f"mock-{mode}", url)))
                     continue
                 plan += [
                     served(mode, workers, isolation)
@@ -1083,13 +1204,36 @@ def main(argv: list[str] | None = None) -> int:
                     for isolation in args.isolations
                 ]
         if args.reference_url:
-            plan.append(lambda: measure("reference", args.reference_url))
+            plan.append(reachable(Entry("reference", args.reference_url)))
         for number in range(args.rounds):
-            order = list(range(len(plan)))
-            if number % 2:
-                order.reverse()  # whatever drifts over a round weighs on each target alike
-            measured = {index: plan[index]() for index in order}
-            rounds.append([measured[index] for index in range(len(plan))])
+            if args.interleave:
+                # Every target up at once for the round (an idle served mock takes no CPU), its
+                # levels measured in turns (measure_interleaved).
+                with contextlib.ExitStack() as round_stack:
+                    entries = [round_stack.enter_context(up()) for up in plan]
+                    rounds.append(
+                        measure_interleaved(
+                            entries,
+                            args.levels,
+                            args.requests,
+                            args.interleave,
+                            args.warmup,
+                            args.timeout,
+                            workload,
+                            args.client,
+                            pool,
+                        )
+                    )
+            else:
+                # One served mock at a time: the others would share the cores while idle.
+                order = list(range(len(plan)))
+                if number % 2:
+                    order.reverse()  # whatever drifts over a round weighs on each target alike
+                measured = {}
+                for index in order:
+                    with plan[index]() as entry:
+                        measured[index] = measure(entry)
+                rounds.append([measured[index] for index in range(len(plan))])
             if args.rounds > 1:
                 print(f"round {number + 1} of {args.rounds} done", file=sys.stderr, flush=True)
         spawn = measure_spawn(python, args.spawn_runs or args.requests)

@@ -121,3 +121,41 @@ def test_served_workers_make_a_scaling_curve_with_each_part_s_cpu(
         (level,) = target["levels"]
         parts = ("server", "launcher", "relays", "programs", "client")
         assert all(level[f"{part}_cpu_ms"] is not None for part in parts)
+
+
+def test_interleaved_targets_take_turns_and_each_level_is_over_all_of_its_turns(
+    bench: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    turns: list[tuple[str, int, int]] = []
+
+    def load_slice(url: str, concurrency: int, total: int, *rest: object) -> object:
+        turns.append((url, concurrency, total))
+        # Target "b" answers twice as fast; each turn's latencies are its requests' own.
+        seconds = total / (200 if url == "b" else 100)
+        load = bench._Load([seconds / total] * total, 0, None, 0.0, 0.0, seconds)
+        return bench._Slice([load], seconds, 0.0, seconds)
+
+    monkeypatch.setattr(bench, "_load_slice", load_slice)
+    entries = [bench.Entry("first", "a"), bench.Entry("second", "b")]
+    targets = bench.measure_interleaved(entries, [1, 4], 10, 3, 0, 1.0)
+    assert turns == [
+        *[("a", 1, 4), ("b", 1, 4), ("b", 1, 3), ("a", 1, 3), ("a", 1, 3), ("b", 1, 3)],
+        *[("a", 4, 4), ("b", 4, 4), ("b", 4, 3), ("a", 4, 3), ("a", 4, 3), ("b", 4, 3)],
+    ]
+    assert [t.name for t in targets] == ["first", "second"]
+    for target, rps in zip(targets, (100, 200), strict=True):
+        assert [(lv.concurrency, lv.ok) for lv in target.levels] == [(1, 10), (4, 10)]
+        assert all(lv.rps == pytest.approx(rps) for lv in target.levels)
+        assert target.levels[0].p50_ms == pytest.approx(1000 / rps)
+
+
+def test_the_script_interleaves_its_targets_when_asked(
+    bench: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--modes", "in-process", "--concurrency", "2", "--requests", "5", "--interleave", "2"]
+    assert bench.main([*argv, "--warmup", "0", "--spawn-runs", "2", "--python", sys.executable]) == 0
+    throughput = capsys.readouterr().out.split("client cores\n", 1)[1].split("\n\n", 1)[0]
+    rows = [line.split() for line in throughput.splitlines() if line.startswith("mock-in-process ")]
+    assert [(row[1], row[2], row[3]) for row in rows] == [("2", "5", "0")]  # 3 + 2 requests, all ok
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--requests", "5", "--interleave", "6"])
