@@ -1207,7 +1207,7 @@ def main(argv: list[str] | None = None) -> int:
             plan.append(reachable(Entry("reference", args.reference_url)))
         for number in range(args.rounds):
             if args.interleave:
-                # Every target up at once for the round (an idle served mock takes no CPU), its
+                # Every target up at once for the round (an idle served mock takes next to no CPU), its
                 # levels measured in turns (measure_interleaved).
                 with contextlib.ExitStack() as round_stack:
                     entries = [round_stack.enter_context(up()) for up in plan]
