@@ -500,9 +500,10 @@ def _busy_seconds() -> float:
 
 
 @dataclass
-class _Slice:
-    """One stretch of load on one target: its loads, the wall time from the start signal to the
-    end of the last, and the busy CPU seconds of this script's cores over ``elapsed_s``."""
+class _Turn:
+    """One stretch of load on one target (a level, or one turn of it): its loads, the wall time
+    from the start signal to the end of the last, and the busy CPU seconds of this script's cores
+    over ``elapsed_s``."""
 
     loads: list[_Load]
     wall_s: float
@@ -510,7 +511,7 @@ class _Slice:
     elapsed_s: float
 
 
-def _load_slice(
+def _load_turn(
     url: str,
     concurrency: int,
     total: int,
@@ -518,28 +519,28 @@ def _load_slice(
     workload: list[tuple[dict[str, Any], str | None]],
     client: str,
     pool: ClientPool | None,
-) -> _Slice:
+) -> _Turn:
     busy_before, started = _busy_seconds(), time.monotonic()
     if pool is None:
         load = _drive(url, concurrency, total, timeout, workload, client)
         loads, wall = [load], load.ended - load.started
     else:
         loads, wall = pool.run(url, concurrency, total, timeout, workload, client)
-    return _Slice(loads, wall, _busy_seconds() - busy_before, time.monotonic() - started)
+    return _Turn(loads, wall, _busy_seconds() - busy_before, time.monotonic() - started)
 
 
-def level_of(concurrency: int, total: int, slices: list[_Slice]) -> Level:
-    """The figures of one level measured in ``slices`` (one, unless ``--interleave``): req/s over
+def level_of(concurrency: int, total: int, turns: list[_Turn]) -> Level:
+    """The figures of one level measured in ``turns`` (one, unless ``--interleave``): req/s over
     their summed wall time, percentiles over all their requests."""
-    loads = [load for part in slices for load in part.loads]
-    wall = sum(part.wall_s for part in slices)
+    loads = [load for turn in turns for load in turn.loads]
+    wall = sum(turn.wall_s for turn in turns)
     # Over a little more than ``wall`` (the threads' start and end): all but the shortest levels
     # are long enough for that not to matter.
-    host_busy = sum(part.busy_s for part in slices) / max(sum(part.elapsed_s for part in slices), 1e-9)
+    host_busy = sum(turn.busy_s for turn in turns) / max(sum(turn.elapsed_s for turn in turns), 1e-9)
     latencies = [latency for load in loads for latency in load.latencies]
     ok = len(latencies)
     client_cpu = sum(load.cpu_s for load in loads)
-    processes = max(len(part.loads) for part in slices)
+    processes = max(len(turn.loads) for turn in turns)
     capacity = min(processes, client_cores_available())
     cores = client_cpu / wall if wall > 0 else 0.0
     return Level(
@@ -573,7 +574,7 @@ def run_level(
 ) -> Level:
     """``total`` requests from ``concurrency`` threads, each with its own connection: threads of
     this process, or spread over the processes of ``pool``."""
-    turn = _load_slice(url, concurrency, total, timeout, workload, client, pool)
+    turn = _load_turn(url, concurrency, total, timeout, workload, client, pool)
     return level_of(concurrency, total, [turn])
 
 
@@ -618,15 +619,15 @@ def measure_interleaved(
     entries: list[Entry],
     levels: list[int],
     total: int,
-    slices: int,
+    turns: int,
     warmup: int,
     timeout: float,
     workload: list[tuple[dict[str, Any], str | None]] = WORKLOADS["print"],
     client: str = "http",
     pool: ClientPool | None = None,
 ) -> list[Target]:
-    """Every target, all up at once, measured at each level in ``slices`` turns of ``total /
-    slices`` requests, the order reversed every other turn (A B, B A, A B, ...): whatever drifts
+    """Every target, all up at once, measured at each level in ``turns`` turns of ``total /
+    turns`` requests, the order reversed every other turn (A B, B A, A B, ...): whatever drifts
     on the machine over seconds weighs on each target alike, where targets measured one after the
     other, a level each, are compared across tens of seconds. Each level's figures are over all of
     its turns; the CPU of a served mock is metered over its own turns only."""
@@ -643,9 +644,9 @@ def measure_interleaved(
     if warmup:
         for entry in entries:
             run_level(entry.url, 1, warmup, timeout, workload, client)
-    shares = [share for share in _split(total, slices) if share]
+    shares = [share for share in _split(total, turns) if share]
     for concurrency in levels:
-        turns: list[list[_Slice]] = [[] for _ in entries]
+        measured: list[list[_Turn]] = [[] for _ in entries]
         spent: list[dict[str, float]] = [dict.fromkeys(CPU_PARTS, 0.0) for _ in entries]
         for number, share in enumerate(shares):
             order = list(range(len(entries)))
@@ -654,14 +655,14 @@ def measure_interleaved(
             for index in order:
                 meter = entries[index].meter
                 before = meter.sample() if meter is not None else None
-                turns[index].append(
-                    _load_slice(entries[index].url, concurrency, share, timeout, workload, client, pool)
+                measured[index].append(
+                    _load_turn(entries[index].url, concurrency, share, timeout, workload, client, pool)
                 )
                 if meter is not None and before is not None:
                     for part, seconds in meter.spent(before, meter.sample()).items():
                         spent[index][part] += seconds
         for index, target in enumerate(targets):
-            level = level_of(concurrency, total, turns[index])
+            level = level_of(concurrency, total, measured[index])
             if entries[index].meter is not None and level.ok:
                 for part, seconds in spent[index].items():
                     setattr(level, f"{part}_cpu_ms", seconds / level.ok * 1000)

@@ -128,14 +128,14 @@ def test_interleaved_targets_take_turns_and_each_level_is_over_all_of_its_turns(
 ) -> None:
     turns: list[tuple[str, int, int]] = []
 
-    def load_slice(url: str, concurrency: int, total: int, *rest: object) -> object:
+    def load_turn(url: str, concurrency: int, total: int, *rest: object) -> object:
         turns.append((url, concurrency, total))
         # Target "b" answers twice as fast; each turn's latencies are its requests' own.
         seconds = total / (200 if url == "b" else 100)
         load = bench._Load([seconds / total] * total, 0, None, 0.0, 0.0, seconds)
-        return bench._Slice([load], seconds, 0.0, seconds)
+        return bench._Turn([load], seconds, 0.0, seconds)
 
-    monkeypatch.setattr(bench, "_load_slice", load_slice)
+    monkeypatch.setattr(bench, "_load_turn", load_turn)
     entries = [bench.Entry("first", "a"), bench.Entry("second", "b")]
     targets = bench.measure_interleaved(entries, [1, 4], 10, 3, 0, 1.0)
     assert turns == [
