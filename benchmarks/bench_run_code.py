@@ -578,32 +578,6 @@ def run_level(
     return level_of(concurrency, total, [turn])
 
 
-def measure_target(
-    name: str,
-    url: str,
-    levels: list[int],
-    total: int,
-    warmup: int,
-    timeout: float,
-    workload: list[tuple[dict[str, Any], str | None]] = WORKLOADS["print"],
-    client: str = "http",
-    meter: CpuMeter | None = None,
-    pool: ClientPool | None = None,
-) -> Target:
-    target = Target(name, url, programs_cpu_from=meter.programs_from if meter is not None else None)
-    if warmup:
-        run_level(url, 1, warmup, timeout, workload, client)
-    for concurrency in levels:
-        before = meter.sample() if meter is not None else None
-        level = run_level(url, concurrency, total, timeout, workload, client, pool)
-        if meter is not None and before is not None and level.ok:
-            spent = meter.spent(before, meter.sample())
-            for part, seconds in spent.items():
-                setattr(level, f"{part}_cpu_ms", seconds / level.ok * 1000)
-        target.levels.append(level)
-    return target
-
-
 @dataclass
 class Entry:
     """A target of one round, up and reachable: its name, URL and (a served mock's) CPU meter."""
@@ -615,7 +589,7 @@ class Entry:
     series: str | None = None
 
 
-def measure_interleaved(
+def measure_in_turns(
     entries: list[Entry],
     levels: list[int],
     total: int,
@@ -626,11 +600,12 @@ def measure_interleaved(
     client: str = "http",
     pool: ClientPool | None = None,
 ) -> list[Target]:
-    """Every target, all up at once, measured at each level in ``turns`` turns of ``total /
-    turns`` requests, the order reversed every other turn (A B, B A, A B, ...): whatever drifts
-    on the machine over seconds weighs on each target alike, where targets measured one after the
-    other, a level each, are compared across tens of seconds. Each level's figures are over all of
-    its turns; the CPU of a served mock is metered over its own turns only."""
+    """The targets ``entries``, all up, each warmed up, then measured at each level in ``turns``
+    turns of ``total / turns`` requests, the order reversed every other turn (A B, B A, A B, ...):
+    whatever drifts on the machine over seconds weighs on each target alike, where targets measured
+    one after the other, a level each (one target, one turn: ``--interleave`` off), are compared
+    across tens of seconds. Each level's figures are over all of its turns; the CPU of a served
+    mock is metered over its own turns only."""
     targets = [
         Target(
             entry.name,
@@ -1154,21 +1129,18 @@ def main(argv: list[str] | None = None) -> int:
     python = args.python or load_settings().python
     rounds: list[list[Target]] = []
 
-    def measure(entry: Entry) -> Target:
-        target = measure_target(
-            entry.name,
-            entry.url,
+    def measure(entries: list[Entry], turns: int) -> list[Target]:
+        return measure_in_turns(
+            entries,
             args.levels,
             args.requests,
+            turns,
             args.warmup,
             args.timeout,
             workload,
             args.client,
-            entry.meter,
             pool,
         )
-        target.workers, target.series = entry.workers, entry.series
-        return target
 
     def reachable(entry: Entry) -> Callable[[], AbstractContextManager[Entry]]:
         return lambda: contextlib.nullcontext(entry)
@@ -1209,22 +1181,9 @@ def main(argv: list[str] | None = None) -> int:
         for number in range(args.rounds):
             if args.interleave:
                 # Every target up at once for the round (an idle served mock takes next to no CPU), its
-                # levels measured in turns (measure_interleaved).
+                # levels measured in turns (measure_in_turns).
                 with contextlib.ExitStack() as round_stack:
-                    entries = [round_stack.enter_context(up()) for up in plan]
-                    rounds.append(
-                        measure_interleaved(
-                            entries,
-                            args.levels,
-                            args.requests,
-                            args.interleave,
-                            args.warmup,
-                            args.timeout,
-                            workload,
-                            args.client,
-                            pool,
-                        )
-                    )
+                    rounds.append(measure([round_stack.enter_context(up()) for up in plan], args.interleave))
             else:
                 # One served mock at a time: the others would share the cores while idle.
                 order = list(range(len(plan)))
@@ -1233,7 +1192,7 @@ def main(argv: list[str] | None = None) -> int:
                 measured = {}
                 for index in order:
                     with plan[index]() as entry:
-                        measured[index] = measure(entry)
+                        (measured[index],) = measure([entry], 1)
                 rounds.append([measured[index] for index in range(len(plan))])
             if args.rounds > 1:
                 print(f"round {number + 1} of {args.rounds} done", file=sys.stderr, flush=True)

@@ -137,7 +137,7 @@ def test_interleaved_targets_take_turns_and_each_level_is_over_all_of_its_turns(
 
     monkeypatch.setattr(bench, "_load_turn", load_turn)
     entries = [bench.Entry("first", "a"), bench.Entry("second", "b")]
-    targets = bench.measure_interleaved(entries, [1, 4], 10, 3, 0, 1.0)
+    targets = bench.measure_in_turns(entries, [1, 4], 10, 3, 0, 1.0)
     assert turns == [
         *[("a", 1, 4), ("b", 1, 4), ("b", 1, 3), ("a", 1, 3), ("a", 1, 3), ("b", 1, 3)],
         *[("a", 4, 4), ("b", 4, 4), ("b", 4, 3), ("a", 4, 3), ("a", 4, 3), ("b", 4, 3)],
