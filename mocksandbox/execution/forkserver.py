@@ -1511,16 +1511,15 @@ class _KeptRoot:
     overlay with an upper layer of its own (``<runs root>/kept-*``) over the mask and the host, and
     each run's dir, which the server made on the runs' tmpfs, bound into it at the run's path.
     Once the run's processes are gone and its exit is said, before the status pipe closes (which
-    the server waits for), the relay removes the run's dir from the tmpfs: its mount point then
-    shows an empty, dead dir, in which nothing can be made, and the server never hands the dir's
-    name or inode to another run. The mounts stay until the root is dropped (unmounting each
-    run's, and removing its mount point, cost the relay an RCU grace period per run: see
-    :meth:`remove_run_dir`). After the answer, the root is kept only if nothing changed while the
-    run ran in its upper layer's dirs on the way to the runs' dirs (the root of the layer, ``/tmp``
-    in it) or in its /dev/shm: their entries, or their own mode, owner or extended attributes.
+    the server waits for), the relay removes the run's dir from the tmpfs (the server never hands
+    the dir's name or inode to another run); once the answer is on its way, it unmounts the dir
+    and removes its mount point (:meth:`give_back`): a later run finds nothing of an earlier one.
+    After the answer, the root is kept only if nothing changed while the run ran in its upper
+    layer's dirs on the way to the runs' dirs (the root of the layer, ``/tmp`` in it) or in its
+    /dev/shm: their entries, or their own mode, owner or extended attributes.
     Anything a run writes, deletes or changes outside its dir shows there first (what it changes
     anywhere in the image is copied up, under a new entry of the layer's root or of a dir on the
-    way; the mount points below are covered by the runs' dirs), and the root then goes, as a run's
+    way; the mount point below is covered by the run's dir), and the root then goes, as a run's
     root always went before. inotify watches on those dirs, made at the root's first run, say so:
     one read after each run, where looking at each dir cost a relay's every run a tenth of a
     millisecond. A kept root serves at most :data:`MAX_AGE_S` (a lower layer, the host, may change
@@ -1610,14 +1609,9 @@ class _KeptRoot:
 
     def remove_run_dir(self, code_file: "str | None") -> bool:
         """Once the run's processes are gone, before its relay closes the status pipe: its dir
-        removed from the runs' tmpfs (where the server made it), so that its mount point here
-        shows an empty, dead dir, in which nothing can be made, to the later runs of this root.
-        ``code_file``: the program's file (its path in the run's view). Whether the dir is gone.
-
-        The mount itself stays until the root is dropped, all of its runs' at once: an unmount
-        waits for an RCU grace period (about 0.1 ms under strace here, at times past 1 ms: it
-        interrupts every other core), which a relay that unmounted after each answer made the
-        next request wait for at concurrency 1, where the same relay serves it."""
+        removed from the runs' tmpfs (where the server made it, and where the server, once the
+        pipe closes, expects it gone). ``code_file``: the program's file (its path in the run's
+        view). Whether the dir is gone. Its mount goes after the answer (:meth:`give_back`)."""
         path = self.cwd_host
         if code_file is not None and self.cwd is not None and code_file.startswith(self.cwd + "/"):
             try:
@@ -1638,11 +1632,24 @@ class _KeptRoot:
         return not os.path.lexists(path)
 
     def give_back(self) -> bool:
-        """Once the run's answer is on its way: whether the root is as the run found it (its
-        dir's mount point left, its dir gone: see :meth:`remove_run_dir`)."""
+        """Once the run's answer is on its way: whether the root is as the run found it, and,
+        if so, the run's dir taken out of it (its mount, then its mount point), so that no later
+        run finds anything of it: not its name in ``/tmp`` or in the mount table, nor the mode,
+        owner or extended attributes the run gave its dir (a dead dir left bound showed them).
+        The unmount waits for an RCU grace period (tens of microseconds here), which the server
+        spends sending the answer; the mount point's removal is this relay's own change, whose
+        event the next :meth:`take` drains with its ``mkdir``'s."""
         assert self.cwd is not None
-        self.cwd = None
-        return self.run_dir_gone and self.changes is not None and not self.changed()
+        cwd, self.cwd = self.cwd, None
+        if not (self.run_dir_gone and self.changes is not None and not self.changed()):
+            return False
+        target = self.root + cwd
+        try:
+            self.world.calls.umount(target)
+            os.rmdir(target)
+        except OSError:
+            return False  # (the root goes, and the run's mount with it)
+        return True
 
     def changed(self) -> bool:
         """Whether the watched dirs changed since the last call (their events are read and

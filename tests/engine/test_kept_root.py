@@ -201,33 +201,44 @@ def in_one_root(box: MockSandbox, runs: Callable[[], Any]) -> Any:
     raise AssertionError("no attempt had its runs in one kept root")
 
 
-def test_a_later_run_in_the_root_finds_an_earlier_runs_dir_dead(sandbox: MockSandbox) -> None:
-    """The mount of an earlier run's dir stays in the root until the root goes, over a dir removed
-    from the runs' tmpfs: empty, and nothing can be made, moved or removed there."""
+def test_a_later_run_in_the_root_finds_nothing_of_an_earlier_runs_dir(sandbox: MockSandbox) -> None:
+    """An earlier run marks its dir (mode, a user xattr, a file); a later run of the same root
+    finds nothing of it: not its path, not its name in its parent dir, not its mount."""
 
     def earlier_then_later() -> str:
-        earlier = run(sandbox, "import os\nopen('secret', 'w').write('s')\nprint(os.getcwd())").strip()
+        earlier = run(
+            sandbox,
+            "import os\nopen('secret', 'w').write('s')\nos.chmod('.', 0o751)\n"
+            "os.setxattr('.', 'user.mark', b'run-1')\nprint(os.getcwd())",
+        ).strip()
         probe = f"""
 import os
 old = {earlier!r}
-def attempt(action):
-    try:
-        return repr(action())
-    except OSError as exc:
-        return type(exc).__name__
-print(os.getcwd() != old, attempt(lambda: os.listdir(old)),
-      attempt(lambda: open(old + '/secret').read()),
-      attempt(lambda: open(old + '/new', 'w').write('n')),
-      attempt(lambda: os.mkdir(old + '/new')),
-      attempt(lambda: os.rmdir(old)),
-      attempt(lambda: os.rename(old, old + 'x')))
+name = os.path.basename(old)
+with open('/proc/self/mountinfo') as table:
+    mounted = [line.split()[4] for line in table]
+print(os.getcwd() != old, os.path.lexists(old), name in os.listdir(os.path.dirname(old)),
+      any(point == old for point in mounted),
+      sorted(n for n in os.listdir(os.path.dirname(old)) if n.startswith('tmp') and n != os.path.basename(os.getcwd())))
 """
         return run(sandbox, probe)
 
-    # (Both runs in one root, which the later one's attempts left as it was.)
-    assert in_one_root(sandbox, earlier_then_later) == (
-        "True [] FileNotFoundError FileNotFoundError FileNotFoundError OSError OSError\n"
+    # (Both runs in one root, which the later one's looks left as it was.)
+    assert in_one_root(sandbox, earlier_then_later) == "True False False False []\n"
+
+
+def test_no_run_counts_the_runs_before_it(sandbox: MockSandbox) -> None:
+    """Runs of one root, one after the other: each finds no other run's dir beside its own, and
+    one mount of a run's dir in the mount table (its own)."""
+    look = (
+        "import os\nhere = os.path.basename(os.getcwd())\n"
+        "others = [n for n in os.listdir('..') if n.startswith('tmp') and n != here]\n"
+        "with open('/proc/self/mountinfo') as table:\n"
+        "    runs = [l.split()[4] for l in table if os.path.basename(l.split()[4]).startswith('tmp')]\n"
+        "print(len(others), len(runs))"
     )
+    seen = in_one_root(sandbox, lambda: [run(sandbox, look) for _ in range(8)])
+    assert seen == ["0 1\n"] * 8
 
 
 def test_a_kept_root_goes_with_its_server(tmp_path: Path) -> None:
