@@ -665,8 +665,9 @@ class CpuSample:
 
 class CpuMeter:
     """CPU seconds spent by a served mock, over its process tree (psutil): the server processes
-    (the serve process and its workers), the launchers (their children running ``forkserver.py``),
-    the relays (the launchers' children) and the programs (the relays' children).
+    (the serve process and its workers), the launchers (their children running
+    ``launcher/__main__.py``), the relays (the launchers' children) and the programs (the relays'
+    children).
 
     The launcher and the relays are single-threaded: their own time is read in nanoseconds
     (``/proc/PID/schedstat``). The server processes' is psutil's, in 1/100 s per process. The
@@ -713,7 +714,9 @@ class CpuMeter:
         servers = [self.root] + [
             c for c in self._children(self.root) if "mocksandbox.serving.workers" in self._cmdline(c)
         ]
-        launchers = [c for s in servers for c in self._children(s) if "forkserver.py" in self._cmdline(c)]
+        launchers = [
+            c for s in servers for c in self._children(s) if "launcher/__main__.py" in self._cmdline(c)
+        ]
         relays = [c for launcher in launchers for c in self._children(launcher)]
         parts: dict[str, dict[tuple[int, float], float]] = {part: {} for part in CPU_PARTS}
         reaped: dict[tuple[int, float], float] = {}

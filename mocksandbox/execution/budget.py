@@ -18,7 +18,7 @@ ordinary runs beside it still find room) and at most all of the runs' memory.
 
 The machine's physical memory is deliberately not a budget: what is free at start-up says little
 about the server's whole life, and the kernel's global OOM handling is the backstop there (every
-program is its first choice, see ``forkserver.py``).
+program is its first choice, see ``launcher/_launcher_program.py``).
 """
 
 from __future__ import annotations

@@ -404,7 +404,7 @@ class CgroupV2Jail:
     def wait_drained(self, within: float) -> bool:
         """Whether, within ``within`` seconds, no task is left and none is still charged (a dead
         but unreaped task counts against ``pids.max`` here and above, the server's own included:
-        the launcher, their subreaper, reaps them as they die, see ``forkserver.py``)."""
+        the launcher, their subreaper, reaps them as they die, see ``launcher/_launcher_serve.py``)."""
 
         def drained() -> bool:
             return self._charged() == 0 and (self._found_empty or not _populated(self._events))
@@ -533,7 +533,7 @@ class CgroupV2Confinement:
         if not self.use_kill and not (self.runs / "cgroup.freeze").exists():
             raise OSError(errno.EOPNOTSUPP, "this kernel's cgroup v2 has no cgroup.kill or cgroup.freeze")
         # The launcher is forked after this, into our leaf: rewriting its pid there moves nothing
-        # but takes the lock that moves take (see forkserver.py: it keeps cgroup moves fast).
+        # but takes the lock that moves take (see launcher/_launcher_serve.py: it keeps cgroup moves fast).
         self._warm_procs_file = str(self.server_leaf / "cgroup.procs")
         # Prove that a run's group can be made, configured and removed before claiming to work.
         self.new_jail().remove()

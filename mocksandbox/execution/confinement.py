@@ -53,7 +53,7 @@ class RunJail(Protocol):
     #: ``cgroup.procs`` files the run's first process writes its pid to (empty: none).
     procs_files: list[str]
     #: A ``cgroup.procs`` file holding the launcher, for it to rewrite while runs keep coming (see
-    #: ``forkserver.py``: it keeps cgroup moves fast); ``None`` where runs join no cgroup.
+    #: ``launcher/_launcher_serve.py``: it keeps cgroup moves fast); ``None`` where runs join no cgroup.
     warm_procs_file: str | None
     #: ``(resource, limit)`` the run's first process sets (soft and hard) before it starts: what
     #: bounds a run where no cgroup does.
@@ -283,8 +283,8 @@ class CgroupJail:
         Dead but unreaped tasks (a fork bomb's zombies) still count against ``pids.max`` here and
         in every cgroup above, the server's own included: an answer sent before they are reaped
         would let the next runs find the budget spent. The launcher is their subreaper and reaps
-        them as they die (see ``forkserver.py``), so this is normally already true, or true within
-        a few milliseconds.
+        them as they die (see ``launcher/_launcher_serve.py``), so this is normally already true, or
+        true within a few milliseconds.
         """
         deadline = time.monotonic() + within
         pause = 0.0005
@@ -500,7 +500,7 @@ class CgroupConfinement:
         if self.memory_budget.runs_total is not None:
             _set_memory_limit(self._parents["memory"], self.memory_budget.runs_total)
         # The launcher is our child, so it sits in our own pids cgroup: rewriting its pid there
-        # moves nothing but takes the lock that moves take (see forkserver.py).
+        # moves nothing but takes the lock that moves take (see launcher/_launcher_serve.py).
         self._warm_procs_file = str(self._parents["pids"].parent / "cgroup.procs")
         # Prove that a child group can be made, configured and removed before claiming to work.
         self.new_jail().remove()

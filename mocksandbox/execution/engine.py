@@ -695,7 +695,7 @@ def _runtime_dirs(settings: Settings) -> list[str]:
 
 def _mapped_roots(settings: Settings, runs_root: str, tmp_root: str) -> list[str]:
     """The host dirs runs in a user namespace of their own write in, each mapped to them whole
-    (``forkserver._RunUsers``): the runs' layers, and where sessions keep theirs and their dirs.
+    (``_launcher_users.RunUsers``): the runs' layers, and where sessions keep theirs and their dirs.
     Outermost first: a relay mounts them over the host's in this order.
 
     Each with its top-level dir (``/tmp`` for ``/tmp/pytest-of-root/...``): a relay reaches a root

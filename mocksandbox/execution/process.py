@@ -7,7 +7,7 @@ negative return codes for signals.
 
 Beyond it: stdout and stderr are drained while the program runs and each is capped, so no program
 blocks on a full pipe; every process the run started is killed when it ends (SandboxFusion leaves
-orphans); and programs are started by a relay of the launcher (``forkserver.py``), never by forking
+orphans); and programs are started by a relay of the launcher (``launcher/``), never by forking
 the server: a program that kills its parent takes down only that relay (the run then reports -9).
 In ``fork`` mode, Python programs skip the interpreter start-up.
 """
@@ -435,7 +435,7 @@ class ProcessRunner:
             )
         if status.ended_by_relay is not None:
             # The relay ends a run only once its socket with the server reads as closed (a SIGIO
-            # alone ends nothing: see forkserver._end_the_run).
+            # alone ends nothing: see _launcher_watch.end_the_run).
             when = f"woken by signal {status.ended_by_relay}" if status.ended_by_relay else "as the run began"
             divergence.note(
                 divergence.RELAY,

@@ -33,7 +33,7 @@ Two isolation modes, chosen once per server (setting ``isolation``):
 
 swedev sessions (``mocksandbox.sessions.isolation.RunWorld``: a layer kept per session, the
 session's dirs bound) and Jupyter kernels (``mocksandbox/jupyter/_zygote.py``: a world made per
-kernel by the relay's own ``_World``) run in worlds too.
+kernel by the relay's own ``World``, of ``launcher/_launcher_world.py``) run in worlds too.
 
 ``auto`` is ``lite`` where this host allows it (root, cgroup confinement, overlayfs, namespaces;
 proved by one real run at start-up), else ``none`` with the reason.
@@ -308,8 +308,8 @@ _SCRATCH_DIR = ".world"
 #: In the runs' tmpfs: the dirs of runs that relays run in their kept roots (``KeptRootWorkspace``).
 RUN_DIRS = "dirs"
 #: The roots relays keep from run to run: ``kept-<random>/u`` (an upper layer), ``/w`` (its work
-#: dir) and ``/lock`` (held by the relay while it lives). The launcher (``forkserver.py``, which
-#: imports nothing of the package) makes them.
+#: dir) and ``/lock`` (held by the relay while it lives). The launcher (``launcher/_launcher_kept.py``,
+#: which imports nothing of the package) makes them.
 _KEPT_ROOT_PREFIX = "kept-"
 _KEPT_ROOT_PARTS = frozenset({"u", "w", "lock"})
 #: Beside a runs' dir: locked while its server lives (``RunsRoot``).
@@ -650,7 +650,7 @@ class _Found:
 
 class KeptRootWorkspace:
     """Isolation ``lite``, for a request that its relay runs in a root it keeps
-    (``forkserver._KeptRoot``): one command, every file in the run's dir, no ``fetch_files``, on a
+    (``_launcher_kept.KeptRoot``): one command, every file in the run's dir, no ``fetch_files``, on a
     host where relays keep roots. Such a run sees nothing of the request but its dir, which the
     relay binds at ``cwd``: no layers are made for it. The dir comes from ``pool``, a
     ``WorkdirPool`` of dirs on the runs' tmpfs (``<runs root>/dirs``) made fresh for each run (no
@@ -908,7 +908,7 @@ class LayeredWorkspace:
         (the relay may then unmount its root once it has said that the run is over). ``keep``: it
         is the request's only command, and nothing of the request but the run's dir is read or
         written outside the run (no ``files`` outside it, no ``fetch_files``): the relay may run it
-        in a root it keeps from run to run, with the run's dir bound in (``forkserver._KeptRoot``)."""
+        in a root it keeps from run to run, with the run's dir bound in (``_launcher_kept.KeptRoot``)."""
         if self._commands:
             self._add_layer()
         self._commands += 1

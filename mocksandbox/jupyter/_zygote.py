@@ -12,15 +12,15 @@ writes ``{"pid": N}`` (or ``{"error": "..."}``). It exits when its input closes 
 or died), and kills first the process group of every kernel it forked; a kernel also polls this
 process and exits when it is gone (killed itself, it can kill nothing).
 
-With ``--forkserver=PATH`` (the server's isolation is ``lite``) a request may carry ``"world"``:
-the kernel then gets a world of its own, as ``/run_code`` programs do (``PATH`` is mocksandbox's
-``forkserver.py``, whose ``_World`` makes it). The child forked is PID 1 of a new PID namespace;
-it makes the world (namespaces, its scratch tmpfs on ``world["scratch"]``, the mask, one overlay
-with the ``binds``), forks the kernel into it (chroot, fewer capabilities) and lives as long as the
-kernel does, reaping what the kernel's code leaves. Killing it ends every process of the world; it
-dies with this process.
+With ``--launcher-dir=DIR`` (the server's isolation is ``lite``) a request may carry ``"world"``:
+the kernel then gets a world of its own, as ``/run_code`` programs do (``DIR`` is mocksandbox's
+launcher, ``mocksandbox/execution/launcher/``, whose ``_launcher_world.World`` makes it). The
+child forked is PID 1 of a new PID namespace; it makes the world (namespaces, its scratch tmpfs
+on ``world["scratch"]``, the mask, one overlay with the ``binds``), forks the kernel into it
+(chroot, fewer capabilities) and lives as long as the kernel does, reaping what the kernel's code
+leaves. Killing it ends every process of the world; it dies with this process.
 
-Usage: ``python _zygote.py MARKER [--forkserver=PATH]`` (the marker, e.g. the pool's runtime
+Usage: ``python _zygote.py MARKER [--launcher-dir=DIR]`` (the marker, e.g. the pool's runtime
 directory, only names this process and its kernels in ``ps``).
 """
 
@@ -83,19 +83,34 @@ _CLONE_NEWPID = 0x20000000
 _PR_SET_PDEATHSIG = 1
 
 
+def _load_launcher(directory: str) -> dict[str, Any]:
+    """The launcher's modules that make worlds, loaded from its dir ``directory``, by name: they
+    import each other by their top-level names (``_launcher_*``), as in the launcher, where that
+    dir is ``sys.path[0]``. Here it is on ``sys.path`` only while they load, and they leave the
+    module table after (they keep one another): a kernel that imports one of those names finds
+    none."""
+    import importlib
+
+    sys.path.insert(0, directory)
+    try:
+        names = ("_launcher_syscalls", "_launcher_users", "_launcher_world")
+        return {name: importlib.import_module(name) for name in names}
+    finally:
+        sys.path.remove(directory)
+        for name in [name for name in sys.modules if name.startswith("_launcher_")]:
+            del sys.modules[name]
+
+
 class _Worlds:
-    """Makes kernels' worlds with the server's ``forkserver.py`` (loaded on first use)."""
+    """Makes kernels' worlds with the server's launcher's modules (loaded on first use)."""
 
-    def __init__(self, forkserver_path: str) -> None:
-        import importlib.util
-
-        spec = importlib.util.spec_from_file_location("_mocksandbox_forkserver", forkserver_path)
-        assert spec is not None and spec.loader is not None
-        self.fs = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(self.fs)
-        self.calls = self.fs._Syscalls()
-        #: The runs' user namespace (``forkserver._RunUsers``), made at the first world that asks
-        #: for one; its base dir (a mount point in this process's own mount namespace).
+    def __init__(self, launcher_dir: str) -> None:
+        modules = _load_launcher(launcher_dir)
+        self.run_users = modules["_launcher_users"].RunUsers
+        self.world = modules["_launcher_world"].World
+        self.calls = modules["_launcher_syscalls"].Syscalls()
+        #: The runs' user namespace (``_launcher_users.RunUsers``), made at the first world that
+        #: asks for one; its base dir (a mount point in this process's own mount namespace).
         self.users: Any = None
         self.users_base: str | None = None
         self.own_pid_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
@@ -135,9 +150,7 @@ class _Worlds:
             # (The runs' tmpfs of a server that is not root is the launcher's: kernels keep their
             # files in their own dirs.)
             users = {**config["userns"], "runs_tmpfs": None}
-            self.users = self.fs._RunUsers(
-                {**config, "userns": users, "scratch": self.users_base}, self.calls
-            )
+            self.users = self.run_users({**config, "userns": users, "scratch": self.users_base}, self.calls)
         said_r, said_w = os.pipe()
         zygote = os.getpid()
         pid = os.fork()
@@ -208,7 +221,7 @@ class _Worlds:
             protocol_out.close()
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # ours to wait for
             world = request["world"]
-            made = self.fs._World(world["config"], self.calls)
+            made = self.world(world["config"], self.calls)
             scratch = world["config"]["scratch"]
             os.mkdir(scratch + "/u", 0o755)
             os.mkdir(scratch + "/w", 0o700)
@@ -268,8 +281,8 @@ def main() -> int:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # kernels are reaped as soon as they exit
     _reply(protocol_out, {"ready": True, "pid": os.getpid()})
     kernels: list[int] = []
-    forkserver = next((a.split("=", 1)[1] for a in sys.argv[2:] if a.startswith("--forkserver=")), None)
-    worlds = _Worlds(forkserver) if forkserver else None
+    launcher_dir = next((a.split("=", 1)[1] for a in sys.argv[2:] if a.startswith("--launcher-dir=")), None)
+    worlds = _Worlds(launcher_dir) if launcher_dir else None
     try:
         _serve(protocol_in, protocol_out, launcher_path, kernels, worlds)
     finally:
@@ -313,7 +326,7 @@ def _serve(
         request = json.loads(line)
         in_world = request.get("world") is not None
         if in_world and worlds is None:
-            _reply(protocol_out, {"error": "this fork server makes no worlds (no --forkserver)"})
+            _reply(protocol_out, {"error": "this fork server makes no worlds (no --launcher-dir)"})
             continue
         try:
             pid = worlds.fork(request["world"]["config"]) if in_world and worlds is not None else os.fork()

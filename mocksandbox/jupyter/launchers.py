@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import psutil
 
 from mocksandbox.execution.affinity import release_to_programs
+from mocksandbox.execution.launcher import LAUNCHER_DIR
 from mocksandbox.jupyter.kernel import (
     DeadlineExceeded,
     ForkedProcess,
@@ -39,15 +40,13 @@ from mocksandbox.jupyter.kernel import (
 KERNEL_OPTIONS: tuple[str, ...] = ("--HistoryManager.enabled=False",)
 
 _ZYGOTE_SCRIPT = Path(__file__).with_name("_zygote.py")
-#: What makes a run's world (its ``_World``), loaded by the fork server when kernels get worlds.
-_FORKSERVER_SCRIPT = Path(__file__).parent.parent / "execution" / "forkserver.py"
 
 
 class KernelLauncher(Protocol):
     """Starts kernel processes; thread-safe."""
 
     name: str
-    #: What a kernel's world is made of (``forkserver._World``'s config but its scratch), or
+    #: What a kernel's world is made of (the launcher's ``World``'s config but its scratch), or
     #: ``None``: kernels run in the host's world.
     world: dict[str, Any] | None
 
@@ -156,7 +155,8 @@ class ForkServerLauncher:
     def _start_zygote(self) -> _LineChannel:
         argv = [self.python, str(_ZYGOTE_SCRIPT), self.marker]
         if self.world is not None:
-            argv.append(f"--forkserver={_FORKSERVER_SCRIPT}")
+            # The launcher's dir, whose modules make a run's world (``_launcher_world.World``).
+            argv.append(f"--launcher-dir={LAUNCHER_DIR}")
         zygote = subprocess.Popen(
             argv,
             env=self.env,

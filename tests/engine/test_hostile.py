@@ -47,7 +47,7 @@ def processes_with(marker: str) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = proc.info["cmdline"] or []
-        if any(part.endswith("forkserver.py") for part in cmdline[1:2]):
+        if any(part.endswith("/launcher/__main__.py") for part in cmdline[1:2]):
             continue
         if any(marker in part for part in cmdline):
             found.append(proc)
@@ -308,4 +308,4 @@ def test_a_program_sees_the_command_line_sandboxfusion_gives_it(sandbox: MockSan
     assert answer.run_result is not None
     cmdline, argv0 = map(ast.literal_eval, answer.run_result.stdout.split())
     assert cmdline == f"python\0{argv0}\0"
-    assert "forkserver" not in cmdline
+    assert "launcher" not in cmdline

@@ -1,4 +1,4 @@
-"""A relay's root kept from run to run (``forkserver._KeptRoot``): reused while runs touch nothing
+"""A relay's root kept from run to run (``_launcher_kept.KeptRoot``): reused while runs touch nothing
 but their own dir, dropped as soon as one does, and never showing a later run what an earlier one
 wrote, deleted or changed.
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import os
+import shutil
 import socket
 import tempfile
 import threading
@@ -387,17 +388,18 @@ def test_where_no_watch_can_be_had_each_root_serves_one_run(
     launcher here is the real one with its watch failing as at the limit (EMFILE)."""
     if (reason := lite_unavailable_reason()) is not None:
         pytest.skip(reason)
-    source = launcher.FORKSERVER_SCRIPT.read_text()
-    main = '\nif __name__ == "__main__":\n'
-    assert source.count(main) == 1
+    copy = tmp_path / "launcher"
+    shutil.copytree(launcher.LAUNCHER_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    syscalls = copy / "_launcher_syscalls.py"
+    source = syscalls.read_text()
+    assert source.count("\nclass Syscalls:\n") == 1
     failing = (
-        "\ndef _no_watch(self, dirs):\n"
+        "\n\ndef _no_watch(self, dirs):\n"
         "    raise OSError(24, 'inotify_init1: Too many open files')\n\n\n"
-        "_Syscalls.watch_changes = _no_watch\n"
+        "Syscalls.watch_changes = _no_watch\n"
     )
-    script = tmp_path / "forkserver.py"
-    script.write_text(source.replace(main, failing + main))
-    monkeypatch.setattr(launcher, "FORKSERVER_SCRIPT", script)
+    syscalls.write_text(source + failing)
+    monkeypatch.setattr(launcher, "LAUNCHER_MAIN", copy / "__main__.py")
     settings = load_settings(overrides={"tmp_root": str(tmp_path / "runs"), "isolation": "lite"})
     os.mkdir(tmp_path / "runs")
     box = MockSandbox.create(settings)

@@ -51,7 +51,7 @@ def _local_ray_env() -> dict[str, str]:
 
 _ORPHANS_AND_A_CHILD_THAT_STAYS = """
 import subprocess
-from mocksandbox.execution.forkserver import become_subreaper
+from mocksandbox.execution.launcher import become_subreaper
 from mocksandbox.serving.fleet import end_descendants
 assert become_subreaper()
 # Two orphans, as a raylet's workers are when the raylet exits first, and a child that does not

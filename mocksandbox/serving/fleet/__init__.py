@@ -488,7 +488,7 @@ def serve_fleet(
     if address is None:
         # A local Ray instance is this process's: its raylet's workers are handed to it, not to
         # init, when the raylet goes first, so that the stop below can end and reap every one.
-        from mocksandbox.execution.forkserver import become_subreaper
+        from mocksandbox.execution.launcher import become_subreaper
 
         become_subreaper()
     try:

@@ -1,5 +1,10 @@
-"""The server's side of the launcher (see ``forkserver.py``): start it, send it runs, restart it,
-and keep the relays it forked for the next runs."""
+"""The server's side of the launcher: start it, send it runs, restart it, and keep the relays it
+forked for the next runs.
+
+The launcher itself is the rest of this dir, run as a script by the user's interpreter (see
+``__main__.py``): its modules import each other by their top-level names, and this one (which
+that process never runs) imports none of them but ``_launcher_syscalls``, which imports no other.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +19,22 @@ from pathlib import Path
 from typing import Any
 
 from mocksandbox.execution.affinity import format_cpus, program_cpus
+from mocksandbox.execution.launcher._launcher_syscalls import become_subreaper
 
-FORKSERVER_SCRIPT = Path(__file__).with_name("forkserver.py")
+__all__ = [
+    "IDLE_RELAYS",
+    "LAUNCHER_DIR",
+    "LAUNCHER_MAIN",
+    "Launcher",
+    "LauncherError",
+    "become_subreaper",
+    "close_quietly",
+]
+
+#: The launcher's dir, and the file the launcher is started as (``python <dir>/__main__.py``, not
+#: ``python <dir>``: see ``__main__.py``).
+LAUNCHER_DIR = Path(__file__).parent
+LAUNCHER_MAIN = LAUNCHER_DIR / "__main__.py"
 #: Idle relays kept for the next runs (about the most runs in flight at once); more are let go.
 IDLE_RELAYS = 64
 
@@ -52,7 +71,7 @@ class Launcher:
 
     def _start(self) -> socket.socket:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        argv = [self.python, str(FORKSERVER_SCRIPT), str(theirs.fileno())]
+        argv = [self.python, str(LAUNCHER_MAIN), str(theirs.fileno())]
         pass_fds = [theirs.fileno()]
         cpus = program_cpus()
         if cpus is not None:  # a worker kept to its share: the programs get every core back

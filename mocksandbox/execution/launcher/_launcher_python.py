@@ -1,0 +1,215 @@
+"""The warm Python program: the forked launcher turned into ``python <file>``.
+
+Fresh module table, argv, cwd, environment, stdio, ``__main__``, signals and exit handling, as
+CPython's own start-up and ``pymain_run_file`` make them, and a recursion count that starts where
+a fresh interpreter's does (``_launcher_limits.RecursionDepth``). What a forked program would
+otherwise redo in each fork is done once in the launcher, before its first fork: the programs'
+std streams (:func:`make_program_stdio`), the compiler's and the io stack's first-time work
+(:func:`warm_up`), and the module table given back the shape of a fresh interpreter's
+(:func:`forget_launcher_modules`).
+"""
+
+import _signal
+import atexit  # kept: a program's exit runs it without importing it again
+import builtins
+import os
+import signal
+import sys
+
+import _launcher_state as state
+from _launcher_limits import apply_memory_limit
+from _launcher_protocol import read_all
+
+
+def _stdio_encoding_and_errors(fd: int) -> tuple:
+    """What CPython's start-up chose for std stream ``fd``, read off the launcher's own streams;
+    for one the launcher was started without (``None``): the others' encoding, and the errors
+    CPython gives that stream (stderr always ``backslashreplace``)."""
+    own = (sys.__stdin__, sys.__stdout__, sys.__stderr__)[fd]
+    if own is not None:
+        return own.encoding, own.errors
+    other = sys.__stdout__ or sys.__stdin__ or sys.__stderr__
+    encoding = other.encoding if other is not None else sys.getfilesystemencoding()
+    if fd == 2:
+        return encoding, "backslashreplace"
+    sibling = (sys.__stdout__, sys.__stdin__)[fd]  # stdin's errors are stdout's, and back
+    return encoding, sibling.errors if sibling is not None else "strict"
+
+
+def _make_stdio(fd: int, mode: str) -> object:
+    """A text stream on ``fd`` configured as CPython's start-up configures its std streams."""
+    encoding, errors = _stdio_encoding_and_errors(fd)
+    stream = open(  # noqa: SIM115 - lives as long as the program
+        fd,
+        mode,
+        encoding=encoding,
+        errors=errors,
+        newline="\n",
+        closefd=False,
+    )
+    if "w" in mode:
+        stream.reconfigure(line_buffering=fd == 2 or os.isatty(fd))
+    return stream
+
+
+def make_program_stdio() -> tuple:
+    """The std streams of every forked program, built once in the launcher.
+
+    A program's descriptors 0, 1 and 2 are always pipes, so the streams are built here on pipes
+    dup'ed onto 0, 1 and 2 (what a stream learns at creation, seekable or not, a tty or not, its
+    buffer size, is then what it would learn in the program), and the launcher's own descriptors
+    are put back. A stream holds only the descriptor number: in the forked program it reads and
+    writes the run's pipes, with empty buffers.
+    """
+    saved = [os.dup(fd) for fd in (0, 1, 2)]
+    read_end, write_end = os.pipe()
+    try:
+        os.dup2(read_end, 0)
+        os.dup2(write_end, 1)
+        os.dup2(write_end, 2)
+        return (_make_stdio(0, "r"), _make_stdio(1, "w"), _make_stdio(2, "w"))
+    finally:
+        for fd, original in enumerate(saved):
+            os.dup2(original, fd)
+            os.close(original)
+        os.close(read_end)
+        os.close(write_end)
+
+
+#: The launcher's own std streams, referenced here so that a program replacing them does not pay
+#: for tearing them down (they never close their descriptors: CPython opens them closefd=False).
+_LAUNCHER_STDIO = (sys.stdin, sys.stdout, sys.stderr)
+
+
+def become_python_program(request: dict) -> None:
+    """Turn this forked launcher into ``python <file>``; never returns."""
+    path = request["file"]
+    os.chdir(request["cwd"])
+    env = request["env"]
+    if env is not None:  # None: the launcher's own environment, nothing to do
+        os.environ.clear()
+        os.environ.update(env)
+    sys.argv[:] = [path]
+    sys.path[0] = os.path.dirname(path)
+    stdin, stdout, stderr = state.PROGRAM_STDIO
+    sys.stdin = sys.__stdin__ = stdin
+    sys.stdout = sys.__stdout__ = stdout
+    sys.stderr = sys.__stderr__ = stderr
+    # What CPython's start-up sets: SIGPIPE and SIGXFSZ ignored, SIGINT -> KeyboardInterrupt, the
+    # rest (that the launcher changed) at their defaults; nothing blocked.
+    _signal.signal(_signal.SIGPIPE, _signal.SIG_IGN)
+    _signal.signal(_signal.SIGXFSZ, _signal.SIG_IGN)
+    _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+    _signal.signal(_signal.SIGTERM, _signal.SIG_DFL)
+    _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
+    _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
+    # (The default stack size of new threads was set for this limit before the fork.)
+    apply_memory_limit(request.get("memory_limit_mb", -1))
+
+    import _frozen_importlib_external  # in every interpreter's module table already
+
+    main = type(sys)("__main__")
+    main.__file__ = path
+    main.__cached__ = None
+    main.__annotations__ = {}
+    main.__loader__ = _frozen_importlib_external.SourceFileLoader("__main__", path)
+    main.__builtins__ = builtins
+    sys.modules["__main__"] = main
+    os._exit(_run_main(path, main))
+
+
+def _run_main(path: str, main: object) -> int:
+    """Run the program as CPython's ``pymain_run_file`` does; its exit code."""
+    code = 0
+    try:
+        source = _read_file(path)
+        compiled = compile(source, path, "exec", dont_inherit=True)
+        depth = state.RECURSION
+        shift = depth.shift_for_program(depth.read()) if depth is not None else 0
+        try:
+            exec(compiled, main.__dict__)
+        finally:
+            if depth is not None:
+                depth.unshift(shift)
+    except SystemExit as exc:
+        code = _system_exit_code(exc)
+    except BaseException as exc:
+        tb = exc.__traceback__
+        # Hide the launcher's own frame: the traceback starts at the program's <module>.
+        while tb is not None and tb.tb_frame.f_code.co_filename != path:
+            tb = tb.tb_next
+        exc.__traceback__ = tb
+        try:
+            sys.excepthook(type(exc), exc, tb)
+        except SystemExit as hook_exit:
+            code = _system_exit_code(hook_exit)
+        else:
+            code = 1
+        if isinstance(exc, KeyboardInterrupt):
+            code = _finish(code)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+            return 128 + signal.SIGINT
+    return _finish(code)
+
+
+def _read_file(path: str) -> bytes:
+    """The file's bytes (see ``read_all``)."""
+    return read_all(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+
+
+def _system_exit_code(exc: SystemExit) -> int:
+    value = exc.code
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value & 0xFF
+    try:
+        sys.stderr.write(f"{value}\n")
+    except Exception:
+        pass
+    return 1
+
+
+def _finish(code: int) -> int:
+    """Interpreter shutdown as far as a program can see it: threads, atexit, flushing."""
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        try:
+            threading._shutdown()
+        except BaseException:
+            pass
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            code = 120
+    return code
+
+
+def forget_launcher_modules(baseline: frozenset) -> None:
+    """Give the module table back the shape of a fresh interpreter's, once, before any fork.
+
+    The launcher keeps using the modules it imported (its functions hold them); a program that
+    imports them gets new ones, as a fresh ``python <file>`` would.
+    """
+    for name in list(sys.modules):
+        if name not in baseline:
+            del sys.modules[name]
+
+
+def warm_up() -> None:
+    """Do once, here, the lazy first-time work of the compiler and the io stack (a few
+    milliseconds on a small VM) that every forked program would otherwise repeat."""
+    import _frozen_importlib_external  # noqa: F401 - the loader class the programs' __main__ uses
+
+    source = b"import sys\nvalue = [i * 2 for i in range(3)]\nprint(value, file=sys.stderr)\n"
+    code = compile(source, "<mocksandbox-warm-up>", "exec", dont_inherit=True)
+    sink = open(os.devnull, "w", encoding="utf-8", errors="strict", newline="\n")  # noqa: SIM115
+    saved, sys.stderr = sys.stderr, sink
+    try:
+        exec(code, {"__name__": "__warm__", "__builtins__": builtins})
+    finally:
+        sys.stderr = saved
+        sink.close()

@@ -1,0 +1,394 @@
+"""A run's world (isolation "lite"; see ``mocksandbox/execution/world.py``): one relay's namespaces,
+and the root it mounts for each run that asks (:class:`World`).
+
+Made of system calls, never of helper programs (unshare(1), mount(8) and ip(8) cost milliseconds
+a run). What lasts is made once per relay: the launcher forks each relay as the first process
+(PID 1) of a new PID namespace, and the relay enters new mount, network, IPC and UTS namespaces of
+its own, mounts its /proc, hardens it, and builds the read-only pieces every run shares (a mask
+layer: ``_launcher_mask``, a read-only /sys, a /dev). What is fresh is made per run: an overlay
+whose upper layer the server made for this request (or a root kept from run to run:
+``_launcher_kept``), and the program chroot'ed into it with a reduced capability set.
+
+A Jupyter kernel's world is made by the same class, in the kernels' fork server
+(``mocksandbox/jupyter/_zygote.py``).
+"""
+
+import _signal
+import _socket
+import binascii
+import os
+
+from _launcher_kept import KeptRoot
+from _launcher_mask import FRESH_TOPS, Mask, host_tops
+from _launcher_syscalls import (
+    CLONE_NEWIPC,
+    CLONE_NEWNET,
+    CLONE_NEWNS,
+    CLONE_NEWUTS,
+    MS_BIND,
+    MS_NODEV,
+    MS_NOEXEC,
+    MS_NOSUID,
+    MS_PRIVATE,
+    MS_RDONLY,
+    MS_REC,
+    MS_REMOUNT,
+    Syscalls,
+    loopback_up,
+    write_text,
+)
+from _launcher_watch import end_the_run, say_ended_by_relay, unwatch_server, watch_server
+
+#: The devices a run's /dev holds (name, major, minor): the harmless character devices.
+_DEVICES = (
+    ("null", 1, 3),
+    ("zero", 1, 5),
+    ("full", 1, 7),
+    ("random", 1, 8),
+    ("urandom", 1, 9),
+    ("tty", 5, 0),
+)
+_DEV_LINKS = (
+    ("fd", "/proc/self/fd"),
+    ("stdin", "/proc/self/fd/0"),
+    ("stdout", "/proc/self/fd/1"),
+    ("stderr", "/proc/self/fd/2"),
+    ("ptmx", "pts/ptmx"),
+)
+
+
+class World:
+    """One relay's namespaces, and the per-run overlay it mounts for each run that asks."""
+
+    def __init__(self, config: dict, calls: Syscalls) -> None:
+        self.calls = calls
+        self.scratch = config["scratch"]
+        self.root = self.scratch + "/root"
+        self.mask = self.scratch + "/mask"
+        self.mounted = False
+        #: The root a run kept from run to run (see KeptRoot), if any, and the root of the run
+        #: being made or run now (``root`` or the kept one's).
+        self.kept: KeptRoot | None = None
+        self.current = self.root
+        #: SIGCHLD is ignored (see reap): the kernel reaps the run's orphans; not while a run is
+        #: on (the relay is made with it at its default, and must wait for its program).
+        self.kernel_reaps = False
+        #: Whether the relay's IPC namespace holds what a run left, which the next run must not
+        #: find (see renew_ipc).
+        self.ipc_dirty = False
+        #: In a user namespace of the runs' own (see RunUsers), else the host's root.
+        self.users = config.get("userns") is not None
+        #: Where the host's root file system is seen as the runs see it (their lowest layer): the
+        #: idmapped copy in a user namespace (there the host's own "/" shows its root's files as
+        #: nobody's), else "/" itself.
+        self.host = self.scratch + "/host" if self.users and "mapped_roots" in config else ""
+        #: An unprivileged relay may not take the host's root file system as one layer (the mounts
+        #: under it are locked to it in a user namespace, and overlayfs refuses such a layer): each
+        #: top-level dir of it is a layer of its own then (``host_tops``), else ``None``.
+        self.tops = None
+        #: The xattrs overlayfs keeps its marks in (a user namespace may only write user.*).
+        self.opaque_xattr = "user.overlay.opaque" if self.users else "trusted.overlay.opaque"
+        private_network = config.get("network", "private") == "private"
+        flags = CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | (CLONE_NEWNET if private_network else 0)
+        calls.unshare(flags)
+        calls.mount(None, "/", None, MS_REC | MS_PRIVATE)
+        # This PID namespace's own /proc (the relay is its PID 1).
+        calls.mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        if self.host:
+            # The idmapped copies (in the base, our working directory) over the host dirs they
+            # copy: the runs' layers and the sessions' dirs are then the run's own at their paths.
+            for index, root in enumerate(config["mapped_roots"]):
+                calls.mount(f"m{index}", root, None, MS_BIND)
+        if private_network:
+            loopback_up()
+            # No TIME_WAIT sockets: a run that binds the port an earlier run of this relay served on
+            # (without SO_REUSEADDR, as socketserver.TCPServer does) must not find it taken.
+            try:
+                write_text("/proc/sys/net/ipv4/tcp_max_tw_buckets", "0")
+            except OSError:
+                if not self.users:
+                    raise
+        # Kernel tunables and the magic SysRq key stay out of reach of a root program.
+        calls.mount("/proc/sys", "/proc/sys", None, MS_BIND | MS_REC)
+        read_only = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
+        calls.mount(None, "/proc/sys", None, read_only)
+        if os.path.exists("/proc/sysrq-trigger"):
+            calls.mount("/dev/null", "/proc/sysrq-trigger", None, MS_BIND)
+        calls.mount("tmpfs", self.scratch, "tmpfs", MS_NOSUID, "mode=0700,size=8m")
+        for name in ("mask", "sys", "dev", "root", "kept", "mqueue"):
+            os.mkdir(self.scratch + "/" + name, 0o755)
+        #: The POSIX message queues of the relay's IPC namespace, where they can be seen (else
+        #: every run's namespace is a new one: see ipc_left).
+        self.mqueue: str | None = self.scratch + "/mqueue"
+        self._mount_mqueue()
+        if self.host:
+            os.mkdir(self.host, 0o755)
+            calls.mount("lower", self.host, None, MS_BIND)
+            os.chdir("/")  # done with the base: the relay holds no dir of the runs'
+        read_only_sys = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
+        try:
+            calls.mount("sysfs", self.scratch + "/sys", "sysfs", read_only_sys)
+        except OSError:
+            if not self.users:
+                raise
+            # A user namespace may mount a sysfs only with a network namespace of its own (not so
+            # with run_network: host): the host's, read-only.
+            calls.mount("/sys", self.scratch + "/sys", None, MS_BIND | MS_REC)
+            calls.mount(None, self.scratch + "/sys", None, MS_BIND | MS_REMOUNT | read_only_sys)
+        self._build_dev(calls)
+        #: Host dirs a run must see where its tops leave them out (the user's Python and runtime,
+        #: kept under /tmp by a CI job or a checkout there): bound read-only for each run.
+        self.shown: list = []
+        if self.users and not self.host:
+            self.tops = host_tops()
+            fresh = [f"/{name}/" for name in FRESH_TOPS]
+            self.shown = [
+                p for p in config.get("show", []) if p.startswith(tuple(fresh)) and os.path.isdir(p)
+            ]
+        #: The mask layer (hidden paths present but empty), built here once.
+        self.mask_layer = Mask(self.mask, self.host, self.opaque_xattr, self.tops, self.shown, config)
+        self.keep_caps = set(config["keep_caps"])
+        calls.drop_bounding_set(self.keep_caps)
+        calls.prepare_capabilities(self.keep_caps)
+        # A handler, not the default action: a namespace's PID 1 drops signals it has none for.
+        _signal.signal(_signal.SIGIO, end_the_run)
+        #: The runs' seccomp filter (``syscall_filter.py``), if the server has one: installed here,
+        #: once, in the world's first process (the relay, or a kernel's world), so that each
+        #: program inherits it at its fork instead of paying for a filter of its own (the kernel
+        #: compiles and JITs each one; about a fifth of a millisecond a run). What the relay still
+        #: does for each run (mount and unmount its root) the filter leaves to the capability check.
+        self.filtered = config.get("syscall_filter") is not None
+        if self.filtered:
+            calls.prepare_filter(binascii.a2b_base64(config["syscall_filter"]))
+            calls.install_filter()
+
+    def _build_dev(self, calls: Syscalls) -> None:
+        """The runs' /dev, made once: a small tmpfs of the harmless devices, their usual links and a
+        /dev/pts of this relay's own, read-only (each run mounts a fresh /dev/shm on it). A run
+        binds it whole, with one call (a bind per device cost each run a lookup in its new overlay
+        and a mount of its own)."""
+        dev = self.scratch + "/dev"
+        calls.mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k")
+        for name, major, minor in _DEVICES:
+            if self.users:
+                # No device nodes in a user namespace (nor could a run open them on a file system
+                # mounted there): the host's own, bound on these.
+                os.close(os.open(dev + "/" + name, os.O_WRONLY | os.O_CREAT, 0o666))
+                calls.mount("/dev/" + name, dev + "/" + name, None, MS_BIND)
+            else:
+                os.mknod(dev + "/" + name, 0o666 | 0o020000, os.makedev(major, minor))
+                os.chmod(dev + "/" + name, 0o666)
+        for name, target in _DEV_LINKS:
+            os.symlink(target, dev + "/" + name)
+        for name in ("shm", "pts", "mqueue"):
+            os.mkdir(dev + "/" + name, 0o755)
+        try:
+            pts_options = "newinstance,ptmxmode=0666,mode=0620"
+            calls.mount("devpts", dev + "/pts", "devpts", MS_NOSUID | MS_NOEXEC, pts_options)
+        except OSError:
+            pass  # no pseudo-terminals then (a kernel without devpts, or one that refuses it here)
+        calls.mount(None, dev, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
+
+    def mount_run(self, world: dict, cwd: "str | None" = None) -> None:
+        """The run's root: its layers over the mask over the host, with /proc, /sys and /dev,
+        and the host dirs ``world["binds"]`` names (``[host dir, where the run sees it]``). A run
+        that ``world["keep"]`` says touches nothing but its own dir ``cwd`` may have the root an
+        earlier run kept (:class:`KeptRoot`)."""
+        if self.mounted or (self.kept is not None and self.kept.cwd is not None):
+            self.unmount_run()  # the last run's, if its unmount failed
+        if self.ipc_dirty:
+            self.renew_ipc()  # (the last run's renewal failed: this run fails if this one does)
+        self.mask_layer.refresh(self.drop_kept)
+        self.current = self.root
+        keep = world.get("keep")
+        plain = not world.get("lowers") and not world.get("binds")
+        if keep is not None and cwd is not None and self.tops is None and plain:
+            if self.kept is not None and not self.kept.serves():
+                self.drop_kept()
+            if self.kept is None:
+                self.kept = KeptRoot(self, keep["dir"])
+            try:
+                self.kept.take(cwd, keep["cwd_host"])
+            except FileExistsError:  # an earlier run's dir had that name: a new root has none
+                self.drop_kept()
+                self.kept = KeptRoot(self, keep["dir"])
+                self.kept.take(cwd, keep["cwd_host"])
+            self.current = self.kept.root
+            return
+        self.mount_overlay(self.root, world["lowers"], world["upper"], world["work"], world)
+        self.mounted = True
+        # Host dirs the run works in, in place (a swedev session's /workspace and /tmp): their
+        # mount points are made in the run's upper layer.
+        for source, target in world.get("binds", ()):
+            os.makedirs(self.root + target, 0o755, exist_ok=True)
+            self.calls.mount(source, self.root + target, None, MS_BIND)
+
+    def mount_overlay(self, root: str, layers: list, upper: str, work: str, world: dict) -> None:
+        """An overlay at ``root``: ``upper`` over ``layers``, the mask and the host, with the host's
+        top dirs (where they are layers of their own), /proc, /sys, /dev and a fresh /dev/shm."""
+        tops = self.tops or ()
+        for name, how in tops:
+            if how == "overlay":  # made before the root's overlay: its upper must not change under it
+                os.makedirs(upper + "/" + name, 0o755, exist_ok=True)
+                os.makedirs(work + "." + name, 0o700, exist_ok=True)
+        lowers = ":".join([*layers, self.mask, *(() if self.tops is not None else (self.host or "/",))])
+        # No redirects, no index: what the server reads back through the layers (world.py) only
+        # has whiteouts and opaque dirs to follow. (In a user namespace overlayfs keeps its marks
+        # in user.* xattrs, and "off" would still follow redirects there: "nofollow".)
+        options = f"lowerdir={lowers},upperdir={upper},workdir={work}"
+        options += (
+            ",userxattr,redirect_dir=nofollow,index=off" if self.users else ",redirect_dir=off,index=off"
+        )
+        self.calls.mount("overlay", root, "overlay", 0, options)
+        for name, how in tops:
+            self._mount_top(root, name, how, world)
+        for path in self.shown:
+            self.calls.mount(path, root + path, None, MS_BIND | MS_REC)
+            self.calls.mount(None, root + path, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
+        self.calls.mount("/proc", root + "/proc", None, MS_BIND | MS_REC)
+        self.calls.mount(self.scratch + "/sys", root + "/sys", None, MS_BIND | MS_REC)
+        self.calls.mount(self.scratch + "/dev", root + "/dev", None, MS_BIND | MS_REC)
+        # Docker's /dev/shm: a tmpfs of the run's own, 64 MiB.
+        self.calls.mount("tmpfs", root + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m")
+
+    def _mount_top(self, root: str, name: str, how: str, world: dict) -> None:
+        """The host's top dir ``name`` in the run's root: its own overlay (its upper and lowers the
+        run's layers' dirs of that name, so that the server reads them as ever), or read-only."""
+        target = root + "/" + name
+        if how == "bind":
+            self.calls.mount("/" + name, target, None, MS_BIND | MS_REC)
+            self.calls.mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
+            for hidden in self.mask_layer.hidden:  # no mask below a bind: the mask's empty ones over them
+                if hidden.startswith("/" + name + "/") and os.path.lexists(self.mask + hidden):
+                    self.calls.mount(self.mask + hidden, root + hidden, None, MS_BIND)
+            return
+        below = [layer + "/" + name for layer in world["lowers"]]
+        below += [self.mask + "/" + name, "/" + name]
+        lowers = ":".join(path for path in below if os.path.isdir(path))
+        options = f"lowerdir={lowers},upperdir={world['upper']}/{name},workdir={world['work']}.{name}"
+        self.calls.mount(
+            "overlay", target, "overlay", 0, options + ",userxattr,redirect_dir=nofollow,index=off"
+        )
+
+    def unmount_run(self) -> None:
+        """The run's root taken down: unmounted, or (a kept one) its run's dir taken out of it,
+        and the root itself dropped unless it is as the first run found it."""
+        if self.kept is not None and self.kept.cwd is not None and not self.kept.give_back():
+            self.drop_kept()
+        if self.mounted:
+            try:
+                self.calls.umount(self.root)
+            except OSError:
+                pass
+            self.mounted = False
+
+    def ipc_left(self) -> bool:
+        """Once a run's processes are gone: whether it left anything in the relay's IPC namespace.
+        SysV shared memory, semaphores and message queues and POSIX message queues outlive the
+        processes that made them, and the next run must find none of a run's (nor may runs pile
+        them up, each holding memory). Counted in four calls; where the queues cannot be seen,
+        always."""
+        try:
+            if self.mqueue is None or os.stat(self.mqueue).st_size != self.mqueue_empty:
+                return True  # (its root's size is 20 bytes a queue over its empty size)
+            return self.calls.sysv_ipc_objects() != 0
+        except OSError:
+            return True
+
+    def renew_ipc(self) -> None:
+        """A new IPC namespace for the relay, which its next run inherits; what the last run left
+        goes with the old one, which its last process has left. The seccomp filter lets this one
+        ``unshare`` through; a program, without ``CAP_SYS_ADMIN``, is refused it by the kernel."""
+        self.ipc_dirty = True
+        self.calls.unshare(CLONE_NEWIPC)
+        self.ipc_dirty = False
+        if self.mqueue is not None:
+            try:
+                self.calls.umount(self.mqueue)
+            except OSError:
+                pass
+            self._mount_mqueue()
+
+    def _mount_mqueue(self) -> None:
+        """The POSIX message queues of the relay's IPC namespace (a mount sees the namespace it
+        was made in) at :attr:`mqueue`, or ``None`` there where they cannot be seen."""
+        try:
+            self.calls.mount("mqueue", self.mqueue, "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+            #: The size of its root in a new namespace, which holds no queue.
+            self.mqueue_empty = os.stat(self.mqueue).st_size
+        except OSError:
+            self.mqueue = None
+
+    def drop_kept(self) -> None:
+        """Unmount the kept root, if any, and remove its upper layer."""
+        kept, self.kept = self.kept, None
+        if kept is not None:
+            kept.drop()
+
+    def enter(self, cwd: str) -> None:
+        """In the forked program: into the run's root, with the kept capabilities only."""
+        _signal.signal(_signal.SIGIO, _signal.SIG_DFL)  # the relay's, not the program's
+        if self.kept is not None:
+            os.close(self.kept.lock)  # the relay's to hold (a program could unlock it)
+            if self.kept.changes is not None:
+                os.close(self.kept.changes)  # (a program could read its changes' events away)
+        os.chroot(self.current)
+        os.chdir(cwd)
+        self.calls.set_command_line()
+        self.calls.reduce_capabilities()  # (the seccomp filter is the world's: see __init__)
+
+    # The relay is PID 1 of the run's namespace: the run's orphans come to it, and each one that
+    # dies must be reaped at once (a zombie still counts against pids.max, and the server answers
+    # only once the run's cgroup is empty). While a program runs, the relay reaps in its blocking
+    # wait; once it has exited, what it left is killed and reaped before the answer
+    # (_launcher_relay.end_what_the_program_left), so that no process of the run is left between
+    # runs. Where that could not be done (the server gave the run up first), SIGCHLD is ignored
+    # until the next run, so that the kernel reaps what is left as it dies (reap). And while a
+    # program runs, the relay's socket is in async mode: if the server dies (its end closes),
+    # SIGIO ends the run and the relay (see _launcher_watch.end_the_run).
+    # Little Python runs in the relay while a program lives: every page it writes then is copied.
+
+    def wait_for_program(self, pid: int, sock: _socket.socket) -> int:
+        """The wait status of the program ``pid``, reaping the run's orphans meanwhile."""
+        if watch_server(sock):
+            say_ended_by_relay(0)
+            os.kill(-1, _signal.SIGKILL)  # the server left before we watched: end the run
+        try:
+            while True:
+                try:
+                    done, status = os.waitpid(-1, 0)
+                except InterruptedError:
+                    continue
+                except ChildProcessError:
+                    return 255 << 8
+                if done == pid:
+                    return status
+        finally:
+            unwatch_server(sock)
+
+    @staticmethod
+    def anything_left() -> bool:
+        """Whether any process of the run's namespace is left (reaping one that died): every
+        process of a PID namespace descends from its PID 1, this relay, and an orphan comes to it,
+        so none is left once the relay has no child. (Cheaper than ``kill(-1)``, which looks at
+        every process of the host.)"""
+        try:
+            os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        return True
+
+    def reap(self, until_gone: bool = False) -> None:
+        """Reap what died of the run, and let the kernel reap the rest until the next run; with
+        ``until_gone``, wait until every process of the namespace (killed) has died first."""
+        if not until_gone:
+            _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)
+            self.kernel_reaps = True
+        while True:
+            try:
+                if os.waitpid(-1, 0 if until_gone else os.WNOHANG)[0] == 0:
+                    return
+            except ChildProcessError:
+                return
+            except InterruptedError:
+                continue
