@@ -11,19 +11,25 @@ TEST_VENDOR := $(VENV)/test-vendor
 
 .PHONY: serve test test-fast lint typecheck bench clean runtime docs docs-serve
 
+# Venvs and installs go through mocksandbox/runtime/installer.py (standard library only, run from
+# this checkout): by uv where it is on PATH or pip can get it into .venv (seconds), else by pip (a
+# minute or more), with the same pins and indexes either way, and a line of progress. INSTALLER=pip
+# (or uv) decides instead; the full output of each install is in .venv/install.log.
+INSTALLER ?= auto
+INSTALL := $(BIN)/python -m mocksandbox.runtime.installer --installer $(INSTALLER) install $(VENV)
+
 $(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(PYTHON) -m mocksandbox.runtime.installer --installer $(INSTALLER) venv $(VENV)
 
 # The stamp records which extras were installed against which pyproject.toml (and this file, which
 # names them). `serve` answers /run_jupyter as SandboxFusion does: the server side of Jupyter
 # (jupyter_client) is here; the kernels run in the runtime's venv, with user code.
 $(VENV)/.installed-serve: pyproject.toml Makefile | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[runtime,jupyter]'
+	$(INSTALL) --what "mocksandbox with extras runtime,jupyter" -- -e '.[runtime,jupyter]'
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev,docs,jupyter,ray,fleet,stress,docker]'
+	$(INSTALL) --what "mocksandbox with the test extras" -- -e '.[dev,docs,jupyter,ray,fleet,stress,docker]'
 	# verl's SandboxFusion client, for the compatibility tests: only its pure-Python files (its
 	# full dependency set is torch and friends), loaded by path by tests/server/test_client_compat.py.
 	# It goes into a directory of its own, not into the venv, so that pip never checks (and
@@ -38,7 +44,7 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 # on PATH, in pyenv, uv or conda; else this Python, and the banner says so) in the runtime dir, once
 # (idempotent: a check after that). The server then runs user Python and Jupyter kernels with it.
 serve: $(VENV)/.installed-serve
-	$(BIN)/mocksandbox runtime install --languages python
+	$(BIN)/mocksandbox runtime install --languages python --installer $(INSTALLER)
 	$(BIN)/mocksandbox serve --host $(HOST) --port $(PORT)
 
 lint: $(VENV)/.installed-test
@@ -53,7 +59,7 @@ typecheck: $(VENV)/.installed-test
 # (The variables silence a notice Material prints about a future MkDocs 2.)
 MKDOCS := NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(BIN)/mkdocs
 $(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[docs]'
+	$(INSTALL) --what "mocksandbox with extras docs" -- -e '.[docs]'
 	touch $@
 
 docs: $(VENV)/.installed-docs
@@ -81,7 +87,7 @@ test-fast: lint typecheck
 # machine can get, into the runtime dir (MOCKSANDBOX_RUNTIME_DIR, default ~/.local/share/...).
 # Idempotent: a second run checks and does nothing. `make test` then runs the per-language tests.
 runtime: $(VENV)/.installed-serve
-	$(BIN)/mocksandbox runtime install --all
+	$(BIN)/mocksandbox runtime install --all --installer $(INSTALLER)
 	$(BIN)/mocksandbox languages
 
 # The web console's browser tests drive Debian's chromium through chromium-driver: installed here

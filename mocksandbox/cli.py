@@ -85,6 +85,7 @@ def _doctor(args: argparse.Namespace) -> int:
     """``mocksandbox doctor``: the engine ``serve`` would start, its protections table, and stop."""
     from mocksandbox.execution.engine import IsolationError, create_engine
     from mocksandbox.execution.protections import format_table, protections
+    from mocksandbox.serving.banner import host_lines
     from mocksandbox.settings import SettingsError, load_settings
 
     overrides = {name: getattr(args, name) for name in ("isolation", "run_as", "run_network", "confinement")}
@@ -99,12 +100,16 @@ def _doctor(args: argparse.Namespace) -> int:
         return 2
     try:
         rows = protections(engine.isolation, confinement)
+        # The rest of what `serve --verbose` says of runs here (the table stands for its summary).
+        details = [line for line in host_lines(engine, confinement, settings) if "protections:" not in line]
     finally:
         launcher.close()
         engine.close()
         confinement.close()
     print(f"mocksandbox {__version__} on this host, as `serve` would start (uid {os.geteuid()}):")
     print(format_table(rows))
+    print("\nwhat runs get here (as `serve --verbose` says it):")
+    print("\n".join(details))
     return 0 if all(row.holds == "yes" for row in rows) else 1
 
 
@@ -162,10 +167,10 @@ def _serve(args: argparse.Namespace) -> int:
     if settings.worker_count() > 1:
         from mocksandbox.serving.workers import serve_workers
 
-        return serve_workers(settings)
+        return serve_workers(settings, verbose=args.verbose)
     from mocksandbox.serving.single import serve_single
 
-    return serve_single(settings)
+    return serve_single(settings, verbose=args.verbose)
 
 
 #: ``--ray`` without an address: a new local Ray instance on 127.0.0.1.
@@ -193,6 +198,7 @@ EXTRA_COMMAND_MODULES = (
     "mocksandbox.tools.command",  # mocksandbox rollout
     "mocksandbox.runtime.command",  # mocksandbox runtime install, mocksandbox languages
     "mocksandbox.recording.command",  # mocksandbox record
+    "mocksandbox.datasets.command",  # mocksandbox datasets
 )
 
 
@@ -209,6 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to bind (default 8080; 0 picks a free one)")
     serve.add_argument("--config", metavar="FILE", help="settings file (.toml, .yaml or .json)")
+    serve.add_argument(
+        "--verbose",
+        action="store_true",
+        help="say everything at start-up (budgets, hidden paths, each dataset, ...), not a screenful",
+    )
     serve.add_argument(
         "--python",
         metavar="PATH",
@@ -432,6 +443,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"mocksandbox: {message}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader went away (`mocksandbox datasets | head`): as a shell tool ends, quietly, and
+        # with nothing more written to the closed pipe at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -6,5 +6,7 @@
 :mod:`~mocksandbox.runtime.report` tells which languages run (``mocksandbox languages``).
 :mod:`~mocksandbox.runtime.interpreters` finds the CPython production runs user code on (3.10), and
 :mod:`~mocksandbox.runtime.production` holds production's Python packages as data and makes the
-divergence notes of answers this runtime cannot match.
+divergence notes of answers this runtime cannot match. :mod:`~mocksandbox.runtime.installer` makes
+venvs and installs into them, by uv where it can be had and pip otherwise (the Makefile uses it
+too), and :mod:`~mocksandbox.runtime.progress` turns pip's or uv's output into a line of progress.
 """

@@ -43,6 +43,13 @@ def register(subparsers: Any) -> None:
         "runs, setting production_python, found on PATH, in pyenv, uv or conda; else this server's)",
     )
     install.add_argument(
+        "--installer",
+        choices=("auto", "uv", "pip"),
+        default="auto",
+        help="what makes the Python runtime's venv and installs its packages (default auto: uv where it is "
+        "on PATH or beside this interpreter, or pip can get it; else pip; the same pins either way)",
+    )
+    install.add_argument(
         "--dry-run", action="store_true", help="print the steps and commands; change nothing"
     )
     install.set_defaults(handler=_install)
@@ -88,11 +95,35 @@ def _install(args: argparse.Namespace) -> int:
         if python is None:
             return 2
     plan = plan_install(languages, runtime, Host.detect(runtime, python), requirements, profile)
+    if any(step.condensed and not step.done() for step in plan.steps):
+        # pip's or uv's work to do: uv where it can be had (found, or, unless a dry run, got by pip).
+        installer = _installer(args.installer, runtime, obtain=not args.dry_run)
+        if installer is None:
+            return 2
+        plan = plan_install(
+            languages, runtime, Host.detect(runtime, python, installer), requirements, profile
+        )
     code = run_plan(plan, sys.stdout, dry_run=args.dry_run)
     # Asked by name, a language nothing here can give is a failure; with --all it is only a note.
     if not args.all and plan.unavailable and not args.dry_run:
         return 1
     return code
+
+
+def _installer(mode: str, runtime: Any, obtain: bool) -> Any:
+    """The ``installer.Installer`` for the Python runtime, saying which; ``None`` when ``--installer
+    uv`` cannot be had."""
+    from mocksandbox.runtime.installer import choose_installer
+
+    try:
+        installer = choose_installer(
+            mode, sys.executable, sys.stdout, obtain=obtain, obtain_into=runtime.root / "tools" / "uv"
+        )
+    except ValueError as exc:
+        print(f"mocksandbox runtime install: --installer {mode}: {exc}", file=sys.stderr)
+        return None
+    print(f"packages by {installer.describe()}", flush=True)
+    return installer
 
 
 def _runtime_interpreter(named: str | None, production: str) -> Any:
@@ -122,14 +153,17 @@ def _runtime_interpreter(named: str | None, production: str) -> Any:
     if search.found is not None:
         print(f"python runtime on {search.found.describe()}", flush=True)
         return search.found
+    from mocksandbox.runtime.installer import find_uv
+
     fallback = server_interpreter()
     looked = "".join(f"\n    {line}" for line in search.rejected) or " (none there)"
+    uv = find_uv()
     print(
         f"WARNING: no CPython {production} (production's, setting production_python) found on PATH, in "
         f"pyenv, uv or conda; tried:{looked}\n"
         f"  building the Python runtime on {fallback.describe()} instead: the banner, "
         f"`mocksandbox languages` and every Python answer will say so.\n"
-        f"  To get one: {how_to_get(production)}; then run this again.",
+        f"  To get one: {how_to_get(production, uv[0] if uv else None)}; then run this again.",
         flush=True,
     )
     return fallback

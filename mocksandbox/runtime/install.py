@@ -27,8 +27,10 @@ from mocksandbox.runtime.catalog import (
     PYTHON_REQUIREMENTS,
     TORCH_CPU_INDEX,
 )
+from mocksandbox.runtime.installer import Installer
 from mocksandbox.runtime.interpreters import Interpreter, server_interpreter
 from mocksandbox.runtime.layout import RuntimeDir
+from mocksandbox.runtime.progress import run_installer
 
 #: SandboxFusion's runtime/node/package.json settings that decide how ``npm run test`` behaves:
 #: jest without colours, at most 2 workers, and its JSON report in ``jest-report.json``.
@@ -98,9 +100,13 @@ class Host:
     has_apt: bool
     #: The interpreter the Python runtime's venv is made with (``interpreters.find_python``).
     python: Interpreter = field(default_factory=server_interpreter)
+    #: What makes that venv and installs into it: uv or pip (``installer.choose_installer``).
+    installer: Installer = field(default_factory=Installer)
 
     @classmethod
-    def detect(cls, runtime: RuntimeDir, python: Interpreter | None = None) -> Host:
+    def detect(
+        cls, runtime: RuntimeDir, python: Interpreter | None = None, installer: Installer | None = None
+    ) -> Host:
         path = f"{runtime.bin_dir}:{os.environ.get('PATH', os.defpath)}"
         return cls(
             is_root=os.geteuid() == 0,
@@ -108,6 +114,7 @@ class Host:
             installed_packages=debian_installed,
             has_apt=shutil.which("apt-get") is not None and shutil.which("dpkg-query") is not None,
             python=python or server_interpreter(),
+            installer=installer or Installer(),
         )
 
 
@@ -147,6 +154,10 @@ class Step:
     prepare: Callable[[], None] | None = None
     #: Indexes of ``commands`` whose failure is reported and does not stop the step.
     optional: frozenset[int] = frozenset()
+    #: Indexes of ``commands`` (pip's or uv's installs) shown as a line of progress, not their own
+    #: output, which goes to ``log``.
+    condensed: frozenset[int] = frozenset()
+    log: Path | None = None
 
 
 @dataclass
@@ -328,21 +339,22 @@ def _library_steps(
         def mark_done() -> None:
             os.replace(requirement_file, stamp)
 
-        pip = (str(venv / "bin" / "python"), "-m", "pip")
-        commands = [
-            (python.path, "-m", "venv", *clear, str(venv)),
-            (*pip, "install", "--quiet", "--upgrade", "pip"),
-        ]
+        installer = host.installer
+        commands = installer.venv_commands(python.path, venv, clear=bool(clear))
+        first_install = len(commands)
         optional = set()
         torch = [line for line in python_requirements if line.startswith("torch==")]
         if torch:
             # Its CPU build first, from PyTorch's own index (PyPI has only the CUDA one): the
-            # requirements then find it installed. Where that index cannot be reached, pip takes
-            # PyPI's build instead (the step says so), without waiting minutes per retry.
+            # requirements then find it installed. Where that index cannot be reached, the
+            # requirements take PyPI's build instead (the step says so), without waiting minutes
+            # per retry (uv's own timeout is 30 s).
             optional.add(len(commands))
-            cpu = ("--timeout", "30", "--retries", "1", "--index-url", TORCH_CPU_INDEX, torch[0])
-            commands.append((*pip, "install", "--quiet", *cpu))
-        commands.append((*pip, "install", "--quiet", "-r", requirement_file))
+            patience = () if installer.uv else ("--timeout", "30", "--retries", "1")
+            commands.append(
+                installer.install_command(venv, *patience, "--index-url", TORCH_CPU_INDEX, torch[0])
+            )
+        commands.append(installer.install_command(venv, "-r", requirement_file))
         return [
             Step(
                 f"python: a venv on {python.describe()} with {len(python_requirements)} packages "
@@ -350,9 +362,12 @@ def _library_steps(
                 python_done,
                 commands,
                 mark_done,
-                f"write {requirement_file} first; record it as {stamp} when pip succeeds",
+                f"write {requirement_file} first; record it as {stamp} when {installer.name} is done",
                 prepare=write_requirements,
                 optional=frozenset(optional),
+                condensed=frozenset(range(first_install, len(commands))),
+                log=runtime.root / "python" / "install.log",
+                env=installer.env,
             )
         ]
     # Debian-only libraries (Perl, Lua modules): the package step installs them.
@@ -470,13 +485,21 @@ def _run_step(step: Step, out: TextIO) -> None:
     if step.prepare is not None:
         step.prepare()
     for index, argv in enumerate(step.commands):
-        print(f"      $ {_shell_words(argv)}", file=out, flush=True)
-        # The tools' own progress goes straight to the terminal (apt, npm and pip draw their own).
         optional = index in step.optional
-        done = subprocess.run(argv, cwd=step.cwd, env=env, check=not optional, stdin=subprocess.DEVNULL)
-        if done.returncode != 0:
+        if index in step.condensed:
+            # pip's and uv's many lines become one of progress (their output goes to the log).
+            code = run_installer(argv, out, env=env, cwd=step.cwd, log=step.log)
+            if code != 0 and not optional:
+                raise subprocess.CalledProcessError(code, argv)
+        else:
+            print(f"      $ {_shell_words(argv)}", file=out, flush=True)
+            # The tools' own progress goes straight to the terminal (apt and npm draw their own).
+            code = subprocess.run(
+                argv, cwd=step.cwd, env=env, check=not optional, stdin=subprocess.DEVNULL
+            ).returncode
+        if code != 0:
             print(
-                f"      (that failed, exit status {done.returncode}; going on without it)",
+                f"      (that failed, exit status {code}; going on without it)",
                 file=out,
                 flush=True,
             )

@@ -197,10 +197,12 @@ def server_interpreter() -> Interpreter:
     return Interpreter(sys.executable, (major, minor, micro), "this server's interpreter")
 
 
-def how_to_get(version: str) -> str:
-    """Ways to put a CPython ``version`` where :func:`find_python` looks."""
+def how_to_get(version: str, uv: str | None = None) -> str:
+    """Ways to put a CPython ``version`` where :func:`find_python` looks; ``uv``: the uv found here,
+    which can fetch one itself (from the internet, not from a package index)."""
+    fetch = f"{uv} python install {version} (uv is here; it downloads CPython, so it needs the internet)"
     return (
-        f"uv python install {version}; pyenv install {version}; "
+        f"{fetch if uv else f'uv python install {version} (needs the internet)'}; pyenv install {version}; "
         f"conda create -n {SANDBOXFUSION_CONDA_ENV} python={version}; "
         f"apt-get install python{version} python{version}-venv (where the distribution has it); "
         f"or name one with --python-interpreter PATH"

@@ -8,6 +8,8 @@ Layout (made by ``mocksandbox runtime install``; every part is optional)::
     node/                 package.json (jest's configuration), babel.config.js, node_modules
     go/                   go.mod, go.sum, main.go copied into Go runs; gopath/ for GOPATH mode
     python/venv/          the interpreter for user Python code, with the runtime's packages
+    python/install.log    what pip or uv said while installing them
+    tools/uv/             uv, where pip got it for the install (none on PATH or beside the server)
     lean/                 a Lake project with its packages (not installable from here)
 
 Nothing here runs a command: this module only looks at files, so the engine can ask it per run.

@@ -422,9 +422,10 @@ def running_server(settings: Settings, host: str = "127.0.0.1", port: int = 0) -
         sandbox.close()
 
 
-def serve_single(settings: Settings) -> int:
+def serve_single(settings: Settings, verbose: bool = False) -> int:
     """``mocksandbox serve``: one process serving ``settings`` in the foreground until Ctrl-C or
-    SIGTERM; the exit status (2: it could not start, with the reason on stderr)."""
+    SIGTERM; the exit status (2: it could not start, with the reason on stderr). ``verbose``: the
+    banner says everything (``serve --verbose``), not a screenful."""
     from mocksandbox import __version__
     from mocksandbox.datasets import DatasetLoadError
     from mocksandbox.execution.engine import IsolationError
@@ -444,7 +445,7 @@ def serve_single(settings: Settings) -> int:
         print(f"mocksandbox: {exc}", file=sys.stderr)
         return 2
     try:
-        banner = sandbox_banner(sandbox, settings)
+        banner = sandbox_banner(sandbox, settings).lines(verbose)
     except SessionError as exc:
         sandbox.close()
         print(f"mocksandbox: {exc}", file=sys.stderr)

@@ -118,6 +118,9 @@ class Worker:
 class WorkerPool:
     """The master's side: the listening socket, the state, and N workers kept alive."""
 
+    #: ``serve --verbose``: the first worker's banner says everything, not a screenful.
+    verbose_banner = False
+
     def __init__(
         self,
         settings: Settings,
@@ -183,7 +186,7 @@ class WorkerPool:
             budget_to_json(self.worker_memory_budget),
         ]
         if banner:
-            command.append("--banner")
+            command += ["--banner", "verbose" if self.verbose_banner else "short"]
         if self.shares is not None:
             command += ["--cpus", format_cpus(self.shares[worker.index - 1])]
         try:
@@ -275,8 +278,9 @@ def _read_line(stream: Any, timeout: float) -> bytes:
     return result[0] if result else b""
 
 
-def serve_workers(settings: Settings) -> int:
-    """``serve --workers N``: the master of N worker processes (see :mod:`mocksandbox.serving.workers`)."""
+def serve_workers(settings: Settings, verbose: bool = False) -> int:
+    """``serve --workers N``: the master of N worker processes (see :mod:`mocksandbox.serving.workers`);
+    ``verbose``: the banner says everything."""
     from mocksandbox import __version__
     from mocksandbox.serving.banner import stop_on_signals
     from mocksandbox.sessions import SessionError
@@ -293,10 +297,13 @@ def serve_workers(settings: Settings) -> int:
     except SessionError as exc:
         print(f"mocksandbox: {exc}", file=sys.stderr)
         return 2
+    pool.verbose_banner = verbose
     stop_requested = stop_on_signals()
     try:
         banner = pool.start()
         print(f"mocksandbox {__version__} serving on {pool.url} with {count} workers", flush=True)
+        # The short banner's last line says where to read more: it stays last.
+        more = banner.pop() if banner and banner[-1].startswith("  more:") else None
         for line in banner:
             # The first worker describes its share of the budgets: say the whole instead.
             if line.startswith("  process budget:"):
@@ -305,19 +312,21 @@ def serve_workers(settings: Settings) -> int:
                 line = f"  memory budget: {pool.memory_budget.describe()}"
             print(line, flush=True)
         share, memory = pool.worker_budget, pool.worker_memory_budget
-        print(
-            f"  workers: {count}, one control state; each worker's runs: "
+        shares = (
+            f"; each worker's runs: "
             f"{share.runs_total if share.runs_total is not None else 'any number of'} processes "
             f"together, {share.per_run} per run"
-            + ("" if memory.runs_total is None else f"; {memory.runs_total // (1 << 20)} MiB together"),
-            flush=True,
+            + ("" if memory.runs_total is None else f"; {memory.runs_total // (1 << 20)} MiB together")
         )
-        if pool.shares is not None:
+        print(f"  workers: {count}, one control state{shares if verbose else ''}", flush=True)
+        if pool.shares is not None and verbose:
             cores = "; ".join(
                 f"{worker.name} on {format_cpus(share)}"
                 for worker, share in zip(pool.workers, pool.shares, strict=True)
             )
             print(f"  cores: {cores} (user programs on all; --no-pin-workers to let them roam)", flush=True)
+        if more is not None:
+            print(more, flush=True)
         print("  press Ctrl-C to stop", flush=True)
         pool.watch(until=stop_requested)
     except WorkerStartError as exc:
@@ -346,7 +355,7 @@ def _worker_main(argv: list[str]) -> int:
     parser.add_argument("--name", required=True)
     parser.add_argument("--budget", required=True)
     parser.add_argument("--memory-budget", required=True)
-    parser.add_argument("--banner", action="store_true")
+    parser.add_argument("--banner", choices=("short", "verbose"), help="describe the sandbox, so")
     parser.add_argument("--cpus", help="keep to these cores (0,2,...); user programs get all back")
     args = parser.parse_args(argv)
     if args.cpus:  # first, before any thread starts: every thread and child inherits it
@@ -381,7 +390,7 @@ def _worker_main(argv: list[str]) -> int:
         tell({"error": f"{args.name}: cannot start: {exc}"})
         return 2
     try:
-        banner = sandbox_banner(sandbox, settings) if args.banner else []
+        banner = sandbox_banner(sandbox, settings).lines(args.banner == "verbose") if args.banner else []
     except SessionError as exc:
         sandbox.close()
         tell({"error": str(exc)})

@@ -115,7 +115,9 @@ def test_install_builds_on_a_found_310_and_honours_python_interpreter(
 ) -> None:
     assert PYTHON_310 is not None
     monkeypatch.setenv("MOCKSANDBOX_PRODUCTION_PYTHON", "3.10")  # the suite's is its own (conftest.py)
+    # (pip's commands: with uv found here, the dry run would show uv's.)
     args = ["runtime", "install", "--languages", "python", "--runtime-dir", str(tmp_path), "--dry-run"]
+    args += ["--installer", "pip"]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert f"python runtime on CPython 3.10.{PYTHON_310.version[2]}" in out

@@ -93,7 +93,7 @@ def test_dry_run_lists_commands_and_changes_nothing(tmp_path: Path) -> None:
     assert run_plan(plan, out, dry_run=True) == 0
     text = out.getvalue()
     assert "would run: npm install --no-audit --no-fund --loglevel=error" in text
-    assert "-m venv" in text and "pip install --quiet -r" in text
+    assert "-m venv" in text and "pip install --progress-bar off -r" in text
     assert "would write" in text
     assert not runtime.root.exists()
 

@@ -178,16 +178,20 @@ def start_serve(
     pid_namespace: bool = False,
     shape: str | None = None,
     home: Path | None = None,
+    verbose: bool = True,
 ) -> ServeProcess:
     """``mocksandbox serve --port 0 ARGS``, ready (its banner read up to "press Ctrl-C"), in
-    ``cgroup`` and with its runs' temp dirs in ``runs_dir`` if given.
+    ``cgroup`` and with its runs' temp dirs in ``runs_dir`` if given. ``verbose`` (the default
+    here): ``serve --verbose``, whose banner says everything the tests read (budgets, the uid runs
+    are, hidden paths); without it, the banner that fits a screen.
 
     With ``pid_namespace``, the server is PID 1 of a PID namespace of its own (``unshare --pid``):
     for tests of hostile programs, so that one that escaped its run could signal nothing but the
     server and its own kind, never this machine's other processes. Stop it with :func:`stop_serve`
     (the signal goes to the whole session, the server included). ``shape``: a server on a host of
     that shape (:func:`shape_command`), ``home`` its user's home."""
-    command = [sys.executable, "-m", "mocksandbox.cli", "serve", "--port", "0", *args]
+    verbosity = ["--verbose"] if verbose else []
+    command = [sys.executable, "-m", "mocksandbox.cli", "serve", "--port", "0", *verbosity, *args]
     if shape is not None:
         command = shape_command(shape, command, home)
         pid_namespace = True

@@ -87,9 +87,20 @@ def test_serve_datasets_and_prewarmed_kernels_then_stop(tmp_path: Path) -> None:
         assert match
         url = match.group(1)
         assert "  jupyter: 1 warm kernel(s) (fork), filling now\n" in banner
-        # SandboxFusion's 53 registered ids first, then the recognised files (samples and `mine`).
-        listed = next(line for line in banner if line.startswith("  datasets: aider_benchmark_v1, "))
-        assert listed.endswith(", verilogeval_machine, code_contests_sample, humaneval_sample, mine\n")
+        # The banner counts them (SandboxFusion's 53 registered ids, the samples and `mine`); `mocksandbox
+        # datasets` lists them, registered ids first, then the recognised files.
+        assert any(line.startswith("  datasets: 56 (mocksandbox datasets lists them") for line in banner)
+        listed = subprocess.run(
+            [sys.executable, "-m", "mocksandbox.cli", "datasets", "--datasets", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout.splitlines()
+        assert listed[1].split()[:2] == ["aider_benchmark_v1", "AiderBenchmarkDataset"]
+        ids = [line.split()[0] for line in listed[1:57]]
+        assert ids[-4:] == ["verilogeval_machine", "code_contests_sample", "humaneval_sample", "mine"]
+        assert listed[56].split() == ["mine", "MBPPDataset", "1", "rows"]
         session = requests.Session()
         session.trust_env = False  # loopback only
         assert "mine" in session.get(url + "/list_datasets").json()
