@@ -86,6 +86,10 @@ class Settings(BaseModel):
     max_processes: int = Field(512, ge=8)
     #: Upper bound on one run's memory in MiB, whatever ``memory_limit_MB`` says (cgroup mode only).
     max_memory_mb: int = Field(4096, ge=16)
+    #: Size in MiB of the tmpfs holding every run's files (isolation lite): what bounds all runs'
+    #: files together, and a run's where no cgroup counts them against its memory. Default: a
+    #: quarter of the host's memory.
+    runs_scratch_mb: int | None = Field(None, ge=64)
     #: ``executor_pod_name`` in answers; SandboxFusion reads ``MY_POD_NAME``.
     pod_name: str | None = Field(default_factory=lambda: os.environ.get("MY_POD_NAME"))
     #: Version named in the ``url`` of 422 items (SandboxFusion runs pydantic 2.6).

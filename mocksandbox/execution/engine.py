@@ -30,7 +30,6 @@ from mocksandbox.execution.world import (
     KEPT_CAPABILITIES,
     RUN_DIRS,
     RUN_UID_COUNT,
-    RUNS_TMPFS_SIZE,
     HostWorkspace,
     Isolation,
     KeptRootWorkspace,
@@ -44,6 +43,7 @@ from mocksandbox.execution.world import (
     path_in_run_dir,
     reserve_run_uids,
     run_as_user_unavailable_reason,
+    runs_tmpfs_size,
     server_private_prefixes,
 )
 from mocksandbox.models import (
@@ -615,7 +615,8 @@ def _start_lite(
     try:
         tmp_root = settings.tmp_root or tempfile.gettempdir()
         # Only root may mount a tmpfs for them on the host; another user's runs keep theirs on disk.
-        runs_root = RunsRoot(tmp_root, mount=os.geteuid() == 0)
+        scratch_size = runs_tmpfs_size(settings.runs_scratch_mb)
+        runs_root = RunsRoot(tmp_root, mount=os.geteuid() == 0, size=scratch_size)
         hidden = tuple(_hidden_paths(settings))
         hidden_prefixed = server_private_prefixes(settings.tmp_root)
         world: dict[str, Any] = {
@@ -640,7 +641,7 @@ def _start_lite(
                 "count": 1,
                 "self_mapped": True,
                 # The runs' files in a sized tmpfs of the launcher's own (not on the host's disk).
-                "runs_tmpfs": RUNS_TMPFS_SIZE,
+                "runs_tmpfs": scratch_size,
             }
             world["runs_root"] = runs_root.path
             world["show"] = _runtime_dirs(settings)

@@ -298,8 +298,15 @@ def lite_unavailable_reason(confinement_name: str = "") -> str | None:
 # -- the runs' tmpfs ---------------------------------------------------------------------------------
 
 #: The size of the tmpfs every request's layers live on: what bounds all runs' files together where
-#: no cgroup counts them against a run's memory (a quarter of the machine's memory).
+#: no cgroup counts them against a run's memory (a quarter of the machine's memory), unless the
+#: setting ``runs_scratch_mb`` says otherwise (:func:`runs_tmpfs_size`).
 RUNS_TMPFS_SIZE = "size=25%"
+
+
+def runs_tmpfs_size(megabytes: int | None) -> str:
+    """The runs' tmpfs ``size=`` option: ``megabytes`` MiB, or :data:`RUNS_TMPFS_SIZE`."""
+    return RUNS_TMPFS_SIZE if megabytes is None else f"size={megabytes}m"
+
 
 _RUNS_ROOT_PREFIX = "mocksandbox-"
 _OWNER_FILE = ".owner"
@@ -347,7 +354,7 @@ class RunsRoot:
     that lock tells from a live one's (whose tmpfs this namespace does not see).
     """
 
-    def __init__(self, parent: str, mount: bool = True) -> None:
+    def __init__(self, parent: str, mount: bool = True, size: str = RUNS_TMPFS_SIZE) -> None:
         self.parent = parent
         self.mounted = mount
         reclaim_stale_runs_roots(parent)
@@ -373,7 +380,7 @@ class RunsRoot:
         self._alive = alive
         if mount:
             try:
-                _mount_tmpfs(path, f"mode=0700,{RUNS_TMPFS_SIZE}")
+                _mount_tmpfs(path, f"mode=0700,{size}")
             except OSError:
                 os.rmdir(path)
                 os.unlink(path + _ALIVE_SUFFIX)

@@ -138,7 +138,11 @@ def shape_command(shape: str, command: list[str], home: Path | None = None) -> l
             ORDINARY_UID, [Path(sys.base_prefix), Path(sys.prefix), Path(__file__).parents[2]]
         )
         setpriv = f"setpriv --reuid={ORDINARY_UID} --regid={ORDINARY_UID} --clear-groups --inh-caps=-all"
-        script += f' && exec {setpriv} env HOME={home} TMPDIR={home} "$@"'
+        # Its temp dir: ``/tmp/<home's name>`` where the test made one (a home outside /tmp, which
+        # runs see), else the home.
+        tmp_dir = Path("/tmp") / home.name
+        tmp_dir = tmp_dir if tmp_dir.is_dir() else home
+        script += f' && exec {setpriv} env HOME={home} TMPDIR={tmp_dir} "$@"'
     elif shape != "root":
         raise ValueError(f"no such host shape: {shape}")
     unshare = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "--mount"]
