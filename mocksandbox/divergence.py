@@ -42,6 +42,9 @@ ISOLATION = "isolation"
 RUNTIME = "runtime"
 #: The run's relay ended without saying how the program ended (its answer's return code a guess).
 RELAY = "relay"
+#: The run was killed because all runs together reached the server's memory budget (SandboxFusion
+#: keeps none: its host's OOM killer decides, for any process of the host).
+MEMORY_BUDGET = "memory budget"
 
 _notes: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
     "mocksandbox_divergences", default=None

@@ -16,9 +16,13 @@ together cannot take more, and an OOM they cause happens among them), and each r
 eighth of the processes (:data:`RUNS_PER_SHARE`: a fork bomb takes its share and no more, and the
 ordinary runs beside it still find room) and at most all of the runs' memory.
 
-The machine's physical memory is deliberately not a budget: what is free at start-up says little
-about the server's whole life, and the kernel's global OOM handling is the backstop there (every
-program is its first choice, see ``launcher/_launcher_program.py``).
+The host's memory is a budget too (:func:`host_memory_limit`): MemTotal, with what was not
+MemAvailable at start-up in use. Without it, a burst of memory-hungry runs on a host whose server
+has no memory cgroup limit (most hosts) ended at the kernel's global OOM killer, with the whole host
+under pressure first; with it, runs together are held to their share in the cgroups above them and
+an OOM they cause is one among them. Where no cgroup is writable nothing holds runs together to it
+(each process's rlimit bounds only that process), and the confinement says so. Every program
+is the OOM killer's first choice in any case (``launcher/_launcher_program.py``).
 """
 
 from __future__ import annotations
@@ -52,6 +56,13 @@ MIN_RUNS_MEMORY = 64 * MIB
 #: A memory limit at least this large is "no limit": cgroup v1 reports an unlimited group as
 #: ``PAGE_COUNTER_MAX`` pages, just under 2**63 bytes.
 NO_MEMORY_LIMIT = 1 << 62
+
+
+#: What bounds memory where no cgroup does (a budget's ``not_held``, doctor's memory row).
+MEMORY_NOT_HELD = (
+    "no cgroup holds runs together to it; each process is bounded by its own RLIMIT_DATA, runs "
+    "together by nothing but the host's OOM killer"
+)
 
 
 @dataclass(frozen=True)
@@ -92,6 +103,9 @@ class _Budget(Generic[L]):
     runs_total: int | None
     #: What one run may use.
     per_run: int
+    #: Why runs together are not held to ``runs_total`` here, and what bounds them instead (empty:
+    #: they are held to it, by the cgroups above them).
+    not_held: str = ""
 
     #: What is counted, for "no ... limit found".
     _counted: ClassVar[str] = ""
@@ -105,10 +119,11 @@ class _Budget(Generic[L]):
         if self.binding is None or self.runs_total is None:
             return f"no {self._counted} limit found"
         b, amount = self.binding, self._amount
+        held = f"; NOT held to it: {self.not_held}" if self.not_held else ""
         return (
             f"{amount(b.limit)} ({b.source}), {amount(b.in_use)} in use; "
             f"{amount(self.server_reserve)} kept for the server, "
-            f"{amount(self.runs_total)} for all runs together, {amount(self.per_run)} per run"
+            f"{amount(self.runs_total)} for all runs together, {amount(self.per_run)} per run{held}"
         )
 
 
@@ -183,10 +198,35 @@ def discover_process_limits(
 def discover_memory_limits(
     proc: Path = Path("/proc"), sys_fs: Path = Path("/sys/fs/cgroup")
 ) -> list[MemoryLimit]:
-    """Every memory cgroup limit on this process that can be read here (none is an error)."""
-    return _cgroup_v1_limits(proc, sys_fs, "memory", _memory_v1_limit) + _cgroup_v2_limits(
-        proc, _memory_v2_limit
-    )
+    """Every memory cgroup limit on this process that can be read here, and the host's memory
+    (none is an error)."""
+    found = _cgroup_v1_limits(proc, sys_fs, "memory", _memory_v1_limit)
+    found += _cgroup_v2_limits(proc, _memory_v2_limit)
+    host = host_memory_limit(proc)
+    if host is not None:
+        found.append(host)
+    return found
+
+
+def host_memory_limit(proc: Path = Path("/proc")) -> MemoryLimit | None:
+    """The host's memory as a limit: ``MemTotal`` of ``/proc/meminfo``, with what is not
+    ``MemAvailable`` in use (the kernel's own estimate of what can be had without swapping, page
+    cache it can drop included); ``None`` where it cannot be read. In a container, ``/proc/meminfo``
+    is the host's (or LXCFS's view of the container's limit), and a cgroup limit, if any, is read too."""
+    try:
+        lines = (proc / "meminfo").read_text().splitlines()
+    except OSError:
+        return None
+    values: dict[str, int] = {}
+    for line in lines:
+        name, _, rest = line.partition(":")
+        fields = rest.split()
+        if fields and fields[0].isdigit():
+            values[name] = int(fields[0]) * 1024  # (kB)
+    total, available = values.get("MemTotal"), values.get("MemAvailable")
+    if total is None or available is None:
+        return None
+    return MemoryLimit("host memory, MemTotal", total, max(0, total - available))
 
 
 def _read_int(path: Path) -> int | None:

@@ -73,6 +73,7 @@ from mocksandbox.execution.budget import (
 from mocksandbox.execution.confinement import (
     DRAIN_BOUND_S,
     JailPool,
+    _counter,
     _lock_parent,
     _procs,
     _read,
@@ -348,6 +349,10 @@ class CgroupV2Jail:
         #: The last kill_all found the group empty. Nothing enters it after that (only the run's
         #: program joins, and its descendants would have been found): close() need not look again.
         self._found_empty = False
+        #: ``memory.events``, where the memory controller is in use, and its ``oom_kill`` and
+        #: ``oom`` counts at the last look (a new group: none).
+        self._memory_events_file = str(directory / "memory.events") if max_memory_bytes is not None else None
+        self._memory_events = (0, 0)
 
     def reopen(self) -> CgroupV2Jail:
         self._closed = False
@@ -383,6 +388,21 @@ class CgroupV2Jail:
             kill_members(_procs(procs), lambda: _procs(procs))
         finally:
             freeze(self._fs, self.directory, False, within=0)
+
+    def ended_by_shared_memory_budget(self) -> bool:
+        """See ``RunJail.ended_by_shared_memory_budget``: the group's ``oom_kill`` count rose
+        while its ``oom`` count (the OOM killer invoked at this group's own ``memory.max``; one
+        invoked at a group above, ``runs``, counts there and above) did not. Read only when asked
+        (after a SIGKILL)."""
+        if self._memory_events_file is None:
+            return False
+        try:
+            events = _read(self._memory_events_file)
+            counts = (_counter(events, b"oom_kill"), _counter(events, b"oom"))
+        except (OSError, ValueError):
+            return False
+        before, self._memory_events = self._memory_events, counts
+        return counts[0] > before[0] and counts[1] == before[1]
 
     def close(self) -> None:
         """Kill what is left, wait until the group charges nothing, and hand it back: to the pool

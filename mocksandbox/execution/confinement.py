@@ -16,6 +16,7 @@ Three implementations behind one small interface:
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import itertools
@@ -33,6 +34,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import psutil
 
 from mocksandbox.execution.budget import (
+    MEMORY_NOT_HELD,
     MIN_PER_RUN,
     MemoryBudget,
     ProcessBudget,
@@ -61,6 +63,11 @@ class RunJail(Protocol):
 
     def kill_all(self) -> None:
         """Kill every process of the run that is still alive and wait until they are gone."""
+
+    def ended_by_shared_memory_budget(self) -> bool:
+        """Whether one of the run's processes was killed for want of memory since the last look
+        while the run's own memory limit was never reached: the cgroup of all runs together (the
+        memory budget) reached its limit, not this run's. Asked after a run killed by SIGKILL."""
 
     def close(self) -> None:
         """Kill what is left and release the confinement. Idempotent."""
@@ -204,6 +211,15 @@ def _read(path: str) -> bytes:
         os.close(fd)
 
 
+def _counter(text: bytes, name: bytes) -> int:
+    """The value of ``name`` in a flat-keyed cgroup file (``memory.events``, ``oom_control``)."""
+    for line in text.splitlines():
+        key, _, value = line.partition(b" ")
+        if key == name:
+            return int(value)
+    raise ValueError(f"no {name.decode()} in the file")
+
+
 def own_cgroup_dir(controller: str) -> Path:
     """This process's cgroup directory in the v1 ``controller`` hierarchy, e.g.
     ``/sys/fs/cgroup/pids`` or ``/sys/fs/cgroup/pids/docker/abc``."""
@@ -245,6 +261,9 @@ class CgroupJail:
         #: run's program joins, and its descendants, who would have been found), so close() need
         #: not look again: a run costs two reads of control files instead of four.
         self._found_empty = False
+        #: The memory cgroup's OOM kills at the last look (a new group: none), and its own limit.
+        self._oom_kills = 0
+        self.max_memory_bytes = max_memory_bytes
 
     def reopen(self) -> CgroupJail:
         self._closed = False
@@ -261,6 +280,23 @@ class CgroupJail:
             self._found_empty = True
             return
         _kill_group(self._freezer_procs, self._dirs["freezer"] / "freezer.state", within=10.0)
+
+    def ended_by_shared_memory_budget(self) -> bool:
+        """See :meth:`RunJail.ended_by_shared_memory_budget`: the memory cgroup's ``oom_kill``
+        count (``memory.oom_control``) rose while its high-water mark
+        (``memory.max_usage_in_bytes``, reset here) stayed under its own limit: the limit reached
+        was one above it. (``memory.failcnt`` would say so directly, but recent kernels no longer
+        count it.) Read only when asked (after a SIGKILL), so that a run that is not killed pays
+        nothing for it."""
+        memory = self._dirs["memory"]
+        try:
+            kills = _counter(_read(str(memory / "memory.oom_control")), b"oom_kill")
+            peak = int(_read(str(memory / "memory.max_usage_in_bytes")))
+            _write(memory / "memory.max_usage_in_bytes", "0")
+        except (OSError, ValueError):
+            return False
+        before, self._oom_kills = self._oom_kills, kills
+        return kills > before and peak < self.max_memory_bytes
 
     def close(self) -> None:
         """Kill what is left, wait until the group charges nothing, and hand it back: to the pool
@@ -581,6 +617,9 @@ class ProcessGroupJail:
         except psutil.Error:
             pass
 
+    def ended_by_shared_memory_budget(self) -> bool:
+        return False  # (no cgroup holds runs together: MEMORY_NOT_HELD)
+
     def kill_all(self) -> None:
         if self.leader_pid is None:
             return
@@ -629,7 +668,10 @@ class ProcessGroupConfinement:
     ) -> None:
         self.budget = budget if budget is not None else ProcessBudget(None, 0, None, 0)
         # Read, shown, but enforced by nothing here: no cgroup to cap the runs together.
-        self.memory_budget = memory_budget if memory_budget is not None else MemoryBudget(None, 0, None, 0)
+        memory_budget = memory_budget if memory_budget is not None else MemoryBudget(None, 0, None, 0)
+        if memory_budget.runs_total is not None:
+            memory_budget = dataclasses.replace(memory_budget, not_held=MEMORY_NOT_HELD)
+        self.memory_budget = memory_budget
         self.max_memory_bytes = max_memory_mb * 1024 * 1024
         #: The uid runs are, where it is theirs alone.
         self._runs_uid: int | None = None

@@ -453,10 +453,19 @@ class ProcessRunner:
                 f"{RELAY_KILLED} is a guess (a program that killed its parent gets it); if this "
                 "program did not, this answer is wrong: please report it",
             )
+        return_code = status.return_code()
+        if return_code == -signal.SIGKILL and jail.ended_by_shared_memory_budget():
+            divergence.note(
+                divergence.MEMORY_BUDGET,
+                "the run was killed for want of memory when all runs together reached what the "
+                f"server keeps for them ({self.confinement.memory_budget.describe()}), not at its "
+                "own limit; SandboxFusion keeps no such budget: its host's OOM killer would have "
+                "chosen among all of the host's processes",
+            )
         return CommandRunResult(
             status=CommandRunStatus.Finished,
             execution_time=elapsed,
-            return_code=status.return_code(),
+            return_code=return_code,
             stdout=stdout.text(),
             stderr=stderr.text(),
         )

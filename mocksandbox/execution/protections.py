@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from mocksandbox.execution.budget import MEMORY_NOT_HELD
+
 if TYPE_CHECKING:
     from mocksandbox.execution.confinement import Confinement
     from mocksandbox.execution.world import Isolation
@@ -115,9 +117,14 @@ def _bounds(isolation: Isolation, confinement: Confinement) -> list[Protection]:
     if confinement.name == "cgroup":
         version = getattr(confinement, "version", 1)
         processes = getattr(confinement, "max_processes", None)
+        budget = getattr(confinement, "memory_budget", None)
+        runs_total = budget.runs_total if budget is not None else None
+        together = f", {runs_total // (1024 * 1024)} MiB for all runs together" if runs_total else ""
         rows = [
             Protection("process bound", "yes", f"cgroup v{version} pids.max {processes} per run"),
-            Protection("memory bound", "yes", f"cgroup v{version} memory limit {megabytes} MiB per run"),
+            Protection(
+                "memory bound", "yes", f"cgroup v{version} memory limit {megabytes} MiB per run{together}"
+            ),
         ]
         if isolation.mode == "lite":
             rows.append(
@@ -149,10 +156,11 @@ def _bounds(isolation: Isolation, confinement: Confinement) -> list[Protection]:
     memory = Protection(
         "memory bound",
         "partly",
-        f"RLIMIT_DATA {megabytes} MiB per process, not per run (no cgroup)",
+        f"RLIMIT_DATA {megabytes} MiB per process, not per run (no cgroup); {MEMORY_NOT_HELD}",
         _CGROUPS,
     )
-    runs_root = "the runs' tmpfs" if os.geteuid() == 0 else "the runs' dir on disk"
+    # (lite: a tmpfs, the server's where it is root, else the launcher's own in its namespaces)
+    runs_root = "the runs' tmpfs" if isolation.mode == "lite" else "the host's disk"
     scratch = Protection(
         "scratch bound",
         "partly",

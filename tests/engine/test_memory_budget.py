@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from mocksandbox import divergence
 from mocksandbox.core import MockSandbox
 from mocksandbox.execution import confinement as confinement_module
 from mocksandbox.execution.budget import MIB, MemoryBudget
@@ -126,3 +127,46 @@ def test_runs_that_together_outgrow_the_runs_total_are_killed_among_themselves(
     assert sum(_oom_kills(run) for run in parent.glob("run-*")) >= 1
     answer = small_engine.run_code(RunCodeRequest(code="print(6*7)", language="python"))
     assert answer.run_result is not None and answer.run_result.stdout == "42\n"
+
+
+#: Grows to ``megabytes`` MiB in steps of 8 MiB (pages written, so that they count), then holds it.
+GROWER = (
+    "import time\n"
+    "chunks = []\n"
+    "for _ in range({megabytes} // 8):\n"
+    "    chunks.append(b'\\x01' * (8 << 20))\n"
+    "    time.sleep(0.02)\n"
+    "time.sleep({hold})\n"
+    "print('held')\n"
+)
+
+
+def _run_noting(engine: ExecutionEngine, request: RunCodeRequest) -> tuple[object, list[str]]:
+    """``engine.run_code(request)`` and the divergence notes it made (as the web layer collects them)."""
+    with divergence.collecting() as notes:
+        answer = engine.run_code(request)
+    return answer, list(notes)
+
+
+@needs_cgroups
+def test_a_run_killed_by_the_shared_budget_says_so_and_one_killed_at_its_own_limit_does_not(
+    small_engine: ExecutionEngine,
+) -> None:
+    """Two programs growing to 160 MiB each: each fits its own 200 MiB, together they pass the
+    256 MiB of all runs. One is killed (-9) and its answer carries a divergence note (SandboxFusion
+    would have left it to the host's OOM killer); the other holds and ends well. A program past its
+    own 200 MiB is killed too, with no such note."""
+    request = RunCodeRequest(code=GROWER.format(megabytes=160, hold=4), language="python", run_timeout=20)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        done = list(pool.map(lambda r: _run_noting(small_engine, r), [request, request]))
+    killed = [(answer, notes) for answer, notes in done if answer.run_result.return_code == -9]  # type: ignore[attr-defined]
+    assert len(killed) >= 1, done
+    for _, notes in killed:
+        assert [note.split(":")[0] for note in notes] == [divergence.MEMORY_BUDGET], notes
+        assert "all runs together" in notes[0] and "OOM killer" in notes[0]
+    for answer, notes in done:
+        if answer.run_result.return_code != -9:  # type: ignore[attr-defined]
+            assert answer.run_result.stdout == "held\n" and notes == [], (answer, notes)  # type: ignore[attr-defined]
+    alone = RunCodeRequest(code=GROWER.format(megabytes=400, hold=0), language="python", run_timeout=20)
+    answer, notes = _run_noting(small_engine, alone)
+    assert answer.run_result.return_code == -9 and notes == [], (answer, notes)  # type: ignore[attr-defined]

@@ -158,7 +158,7 @@ def test_v2_memory_limits_through_the_cgroup2_mount(tmp_path: Path) -> None:
 
 
 def test_no_memory_cgroup_no_memory_limit(tmp_path: Path) -> None:
-    """Physical memory is not a budget: without a cgroup limit there is none."""
+    """Without a cgroup limit and without /proc/meminfo there is none."""
     proc, sys_fs = _fake_host(tmp_path, "4:memory:/\n")
     _memory_group(
         sys_fs / "memory", "/", {"memory.limit_in_bytes": V1_UNLIMITED, "memory.usage_in_bytes": "5"}
@@ -211,3 +211,21 @@ def test_the_memory_split_holds_for_any_limit(limit: int, in_use: int, max_memor
     headroom = max(0, limit - in_use)
     if headroom - budget.server_reserve >= MIN_RUNS_MEMORY:
         assert budget.runs_total + budget.server_reserve <= headroom
+
+
+def test_the_hosts_memory_is_a_limit_beside_the_cgroups(tmp_path: Path) -> None:
+    """MemTotal, with what is not MemAvailable in use: a host whose server has no memory cgroup
+    limit still keeps the server's share and holds runs together to the rest."""
+    proc, sys_fs = _fake_host(tmp_path, "4:memory:/\n")
+    _memory_group(
+        sys_fs / "memory", "/", {"memory.limit_in_bytes": V1_UNLIMITED, "memory.usage_in_bytes": "5"}
+    )
+    (proc / "meminfo").write_text(
+        f"MemTotal:       {8192 * 1024} kB\nMemFree:        {1024} kB\nMemAvailable:   {6144 * 1024} kB\n"
+    )
+    host = MemoryLimit("host memory, MemTotal", 8192 * MIB, 2048 * MIB)
+    assert discover_memory_limits(proc, sys_fs) == [host]
+    budget = plan_memory_budget([host], max_memory_mb=4096)
+    assert (budget.server_reserve, budget.runs_total, budget.per_run) == (1536 * MIB, 4608 * MIB, 4096 * MIB)
+    (proc / "meminfo").write_text("MemTotal: 100 kB\n")  # (a kernel before 3.14: no MemAvailable)
+    assert discover_memory_limits(proc, sys_fs) == []
