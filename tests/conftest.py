@@ -7,19 +7,15 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+# Where every part is required, a skip not on CI's list of what its machine cannot have fails.
+from ci_skips import everything_required, pytest_runtest_makereport  # noqa: F401
+
 from mocksandbox.control.pooled import PooledControlState
 from mocksandbox.control.shared import ControlStateServer, RemoteControlState
 from mocksandbox.control.state import ControlState, LocalControlState
 
 #: ``require_or_skip(missing)``: see the fixture of that name.
 RequireOrSkip = Callable[[str | None], None]
-
-
-def everything_required() -> bool:
-    """Whether a test that finds an optional part missing fails instead of skipping: under CI
-    (``CI``, which CI services set) and under ``.ci/run`` (``MOCKSANDBOX_REQUIRE_ALL=1``), where
-    ``make test`` has installed every part and a skip would hide one that did not come."""
-    return os.environ.get("MOCKSANDBOX_REQUIRE_ALL") == "1" or bool(os.environ.get("CI"))
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,67 @@
+"""What CI's machine cannot have: the only skips ``.ci/run`` accepts (``tests/conftest.py`` fails
+any other where every part is required).
+
+CI's machine: 2 cores, root, Debian 12 with kernel 6.18, writable cgroup v1 controllers and a
+cgroup v2 hierarchy without controllers, no GPU, loopback only (no outside network), the package
+registries (PyPI, Debian's apt) through a mirror. ``make test`` installs everything else a test needs
+(extras, chromium, the runtime's Python), so a skip for any of it fails there. Each entry: a
+regular expression that a skip's reason must match from its start, and why the machine lacks it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+#: ``(reason pattern, why CI's machine cannot have it)``.
+ALLOWED: tuple[tuple[str, str], ...] = (
+    (
+        r"toolchain binary not on PATH nor in the runtime dir: ",
+        "the languages' toolchains (Go, Java, Node, Rust, ...): `make test` does not install them, "
+        "to stay within CI's time (`make runtime` does: `mocksandbox runtime install --all`, as "
+        "root); some are on no registry CI's machine reaches (Swift, Icarus Verilog, Lean's lake, "
+        "Julia, .NET), as SandboxFusion's image takes them from their vendors' sites",
+    ),
+    (
+        r"process-group confinement cannot find a process that left the session after its parent "
+        r"exited",
+        "not a missing part: the case the test is about holds only where cgroups bound runs, and the "
+        "test says so for the confinement that cannot have it",
+    ),
+)
+
+
+def allowed_skip(reason: str) -> str | None:
+    """Why CI's machine may skip a test for ``reason`` (``None``: it may not)."""
+    reason = reason.removeprefix("Skipped: ")  # (as pytest.skip's reports give it)
+    for pattern, why in ALLOWED:
+        if re.match(pattern, reason):
+            return why
+    return None
+
+
+def everything_required() -> bool:
+    """Whether a test that finds an optional part missing fails instead of skipping: under CI
+    (``CI``, which CI services set) and under ``.ci/run`` (``MOCKSANDBOX_REQUIRE_ALL=1``), where
+    ``make test`` has installed every part and a skip would hide one that did not come."""
+    return os.environ.get("MOCKSANDBOX_REQUIRE_ALL") == "1" or bool(os.environ.get("CI"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> pytest.TestReport:
+    """Where every part is required (:func:`everything_required`), a skip whose reason is not on
+    :data:`ALLOWED` is a failure: a ``skipif`` mark, an ``importorskip`` or a ``pytest.skip`` that
+    would hide a missing part, or a protection that did not hold, fails the run instead of passing
+    it silently. (A conftest takes this hook by importing it.)"""
+    report: pytest.TestReport = yield
+    if report.skipped and everything_required() and not hasattr(report, "wasxfail"):
+        reason = str(report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr)
+        if allowed_skip(reason) is None:
+            report.outcome = "failed"
+            report.longrepr = (
+                "skipped where every part is required (CI or MOCKSANDBOX_REQUIRE_ALL=1), and not on "
+                f"the list of what CI's machine cannot have (tests/ci_skips.py): {reason}"
+            )
+    return report
