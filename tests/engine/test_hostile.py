@@ -66,8 +66,12 @@ def wait_leftovers(launcher: Launcher, within: float = REAP_WITHIN_S) -> list[ps
     assert launcher.pid is not None
     deadline = time.monotonic() + within
     while True:
-        children = psutil.Process(launcher.pid).children()
-        below = [p for child in children for p in child.children(recursive=True)]
+        try:
+            children = psutil.Process(launcher.pid).children()
+            below = [p for child in children for p in child.children(recursive=True)]
+        except psutil.NoSuchProcess:  # (one left between the two looks: look again)
+            time.sleep(0.02)
+            continue
         extra = children[launcher.idle_relays :] if len(children) > launcher.idle_relays else []
         if not (below or extra) or time.monotonic() >= deadline:
             return below + extra
