@@ -14,8 +14,9 @@ from mocksandbox.reference import (
 )
 from mocksandbox.settings import Settings
 
-#: serve's options that set no setting of their own (they pick a file or a serving shape).
-NOT_SETTINGS = {"help", "config", "ray", "replicas", "proxy_location", "ingress"}
+#: serve's options that set no setting of their own (they pick a file, a serving shape, or how much
+#: the banner says).
+NOT_SETTINGS = {"help", "config", "ray", "replicas", "proxy_location", "ingress", "verbose"}
 
 
 def _serve_parser() -> argparse.ArgumentParser:
@@ -38,7 +39,9 @@ def test_the_meaning_comes_from_the_comment_above_the_field() -> None:
     comments = field_comments(Settings)
     assert comments["isolation"].startswith("What a run can see and touch")
     assert "host" not in comments  # no comment: its option's help is used
-    assert next(d for d in setting_docs() if d.name == "host").meaning == "address to bind (default 127.0.0.1)"
+    assert (
+        next(d for d in setting_docs() if d.name == "host").meaning == "address to bind (default 127.0.0.1)"
+    )
 
 
 def test_serve_options_and_settings_agree() -> None:
@@ -54,9 +57,13 @@ def test_serve_options_and_settings_agree() -> None:
 def test_serve_overrides_leave_what_was_not_given_and_flags_set_their_setting() -> None:
     parser = build_parser()
     nothing = serve_overrides(parser.parse_args(["serve"]))
-    assert all(value is None for value in nothing.values()), {k: v for k, v in nothing.items() if v is not None}
+    assert all(value is None for value in nothing.values()), {
+        k: v for k, v in nothing.items() if v is not None
+    }
     given = serve_overrides(
-        parser.parse_args(["serve", "--no-control-api", "--no-pin-workers", "--access-log", "--queue-timeout", "2"])
+        parser.parse_args(
+            ["serve", "--no-control-api", "--no-pin-workers", "--access-log", "--queue-timeout", "2"]
+        )
     )
     assert given["control_api"] is False and given["pin_workers"] is False
     assert given["access_log"] is True and given["queue_timeout_s"] == 2.0
