@@ -625,8 +625,6 @@ def _start_lite(
             "hide": list(hidden),
             "hide_prefixed": [list(pair) for pair in hidden_prefixed],
             "keep_caps": list(KEPT_CAPABILITIES),
-            # /tmp and /run start empty for every run: these, if there, are bound read-only.
-            "show": _runtime_dirs(settings),
         }
         filter_reason = ""
         try:
@@ -646,6 +644,7 @@ def _start_lite(
                 "runs_tmpfs": scratch_size,
             }
             world["runs_root"] = runs_root.path
+            world["show"] = _runtime_dirs(settings)
             confinement.delegate_runs_to(run_uid, os.getegid())
         elif as_user:
             run_uid = reserve_run_uids()
@@ -688,8 +687,8 @@ def _start_lite(
 
 def _runtime_dirs(settings: Settings) -> list[str]:
     """The dirs of the user's Python (its venv, the interpreter it is made from) and of the runtime
-    libraries: where a world leaves out the host's (every run starts with an empty /tmp and /run),
-    a run must see these all the same."""
+    libraries: where a world leaves out the host's (a server that is not root starts runs with an
+    empty /tmp), a run must see these all the same."""
     python = Path(settings.python)
     dirs = {str(python.parent.parent), str(python.resolve().parent.parent), str(Path(settings.runtime_dir))}
     return sorted(os.path.abspath(d) for d in dirs if d != "/")

@@ -148,32 +148,6 @@ def test_host_files_can_be_neither_changed_nor_planted(server: ServeProcess, hom
     assert not any(os.path.exists(path) for path in planted)
 
 
-def test_tmp_and_run_start_empty(server: ServeProcess) -> None:
-    """The host's files in /tmp and /run (readable by anyone) are not in a run's view, nor what an
-    earlier run left there: /tmp holds the run's own dir and the dirs of the Python it runs on (when
-    they live under /tmp, as in a CI checkout there), /run nothing."""
-    canaries = [Path(tempfile.mkdtemp(prefix="host-canary-", dir=top)) for top in ("/tmp", "/run")]
-    try:
-        for canary in canaries:
-            canary.chmod(0o755)
-            (canary / "secret.txt").write_text("host\n")
-            (canary / "secret.txt").chmod(0o644)
-        code = (
-            "import os, sys\n"
-            "open('/tmp/left-by-a-run', 'w').write('x')\n"
-            "ours = {p.split('/')[2] for p in (os.getcwd(), sys.prefix, sys.base_prefix, os.path.realpath(sys.executable))"
-            " if p.startswith('/tmp/')}\n"
-            f"print([os.path.exists(p) for p in {[str(c / 'secret.txt') for c in canaries]!r}])\n"
-            "print(sorted(set(os.listdir('/tmp')) - ours - {'left-by-a-run'}), os.listdir('/run'))\n"
-        )
-        assert stdout_of(server.run(code)) == "[False, False]\n[] []\n"
-        later = "import os\nprint(os.path.exists('/tmp/left-by-a-run'))\n"
-        assert stdout_of(server.run(later)) == "False\n"
-    finally:
-        for canary in canaries:
-            shutil.rmtree(canary, ignore_errors=True)
-
-
 def test_secrets_stay_out(server: ServeProcess, home: Path) -> None:
     """The server user's credentials look empty (the key, readable by anyone on the host, is not
     there), the host's /etc/shadow is empty (its size, which any uid may see), and the kernel's

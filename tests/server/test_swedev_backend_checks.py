@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 import requests
-import visible_dirs
 from pytest_httpserver import HTTPServer
 
 from mocksandbox.core import MockSandbox
@@ -43,10 +42,11 @@ def backend() -> Iterator[ServerThread]:
 
 
 @pytest.fixture(scope="module")
-def python_without_pytest() -> Iterator[str]:
-    """A fresh venv's interpreter: this project's Python, without pytest (where worlds see it)."""
-    with visible_dirs.python_without_pytest() as python:
-        yield python
+def python_without_pytest(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A fresh venv's interpreter: this project's Python, without pytest."""
+    venv = tmp_path_factory.mktemp("no-pytest") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    return str(venv / "bin" / "python")
 
 
 def _serve_refused(*args: str) -> str:

@@ -136,12 +136,15 @@ class World:
             calls.mount("/sys", self.scratch + "/sys", None, MS_BIND | MS_REC)
             calls.mount(None, self.scratch + "/sys", None, MS_BIND | MS_REMOUNT | read_only_sys)
         self._build_dev(calls)
-        #: Host dirs a run must see where /tmp and /run start empty (the user's Python and
-        #: runtime, kept under /tmp by a CI job or a checkout there): bound read-only for each run.
-        fresh = tuple(f"/{name}/" for name in FRESH_TOPS)
-        self.shown: list = [p for p in config.get("show", []) if p.startswith(fresh) and os.path.isdir(p)]
+        #: Host dirs a run must see where its tops leave them out (the user's Python and runtime,
+        #: kept under /tmp by a CI job or a checkout there): bound read-only for each run.
+        self.shown: list = []
         if self.users and not self.host:
             self.tops = host_tops()
+            fresh = [f"/{name}/" for name in FRESH_TOPS]
+            self.shown = [
+                p for p in config.get("show", []) if p.startswith(tuple(fresh)) and os.path.isdir(p)
+            ]
         #: The mask layer (hidden paths present but empty), built here once.
         self.mask_layer = Mask(self.mask, self.host, self.opaque_xattr, self.tops, self.shown, config)
         self.keep_caps = set(config["keep_caps"])
