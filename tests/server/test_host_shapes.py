@@ -128,9 +128,13 @@ def test_runs_are_never_the_hosts_root(server: ServeProcess, shape: str) -> None
     assert (uids.real, uids.effective, uids.saved) == (run_uid,) * 3
 
 
-def test_host_files_can_be_neither_changed_nor_planted(server: ServeProcess, home: Path) -> None:
+def test_host_files_can_be_neither_changed_nor_planted(
+    server: ServeProcess, home: Path, request: pytest.FixtureRequest
+) -> None:
     notes = home / "notes.txt"
     planted = [f"/etc/mocksandbox-planted-{os.getpid()}", str(home / "planted")]
+    # Were the protection off (a mutation run), the canary must not outlive the test.
+    request.addfinalizer(lambda: [os.remove(path) for path in planted if os.path.exists(path)])
     code = (
         "import os, shutil\n"
         f"print(open({str(notes)!r}).read(), end='')\n"  # (the canary is in the run's view)
