@@ -8,30 +8,23 @@ served in this process; verl's files come from ``.venv/test-vendor`` (skipped wi
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import socket
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 
 import pytest
+from benchmark_scripts import load_benchmark
 
 from mocksandbox.serving.single import ServerThread, running_server
 from mocksandbox.settings import Settings
 
-_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_reward_batch.py"
-
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_reward_batch", _SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
+    module = load_benchmark("bench_reward_batch")
     try:
         module.find_verl()
     except FileNotFoundError as exc:

@@ -6,24 +6,18 @@ Only what the script computes is checked here, never a speed: figures are the be
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_run_code.py"
+from benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_run_code", _SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
+    module = load_benchmark("bench_run_code")
     return module
 
 
