@@ -27,6 +27,7 @@ SERVE_OPTIONS: dict[str, str] = {
     "isolation": "isolation",
     "run_network": "run_network",
     "run_as": "run_as",
+    "idmapped_mounts": "idmapped_mounts",
     "run_env_keep": "run_env_keep",
     "exec_mode": "exec_mode",
     "max_output_bytes": "max_output_bytes",
@@ -88,7 +89,10 @@ def _doctor(args: argparse.Namespace) -> int:
     from mocksandbox.serving.banner import host_lines
     from mocksandbox.settings import SettingsError, load_settings
 
-    overrides = {name: getattr(args, name) for name in ("isolation", "run_as", "run_network", "confinement")}
+    overrides = {
+        name: getattr(args, name)
+        for name in ("isolation", "run_as", "idmapped_mounts", "run_network", "confinement")
+    }
     try:
         settings = load_settings(args.config, overrides=overrides)
         engine, confinement, launcher = create_engine(settings)
@@ -252,6 +256,12 @@ def build_parser() -> argparse.ArgumentParser:
         "namespace of its own, where this host allows it; user: that or do not start; root: the host's root)",
     )
     serve.add_argument(
+        "--idmapped-mounts",
+        choices=["auto", "off"],
+        help="how a root server's runs are an unprivileged uid (default auto: through idmapped mounts where "
+        "the kernel takes them, else without; off: always without, the host root's files read-only to runs)",
+    )
+    serve.add_argument(
         "--run-env-keep",
         action="append",
         metavar="NAME",
@@ -409,6 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--config", metavar="FILE", help="settings file (YAML or TOML), as for serve")
     doctor.add_argument("--isolation", choices=["auto", "lite", "none"], help="as for serve")
     doctor.add_argument("--run-as", choices=["auto", "user", "root"], help="as for serve")
+    doctor.add_argument("--idmapped-mounts", choices=["auto", "off"], help="as for serve")
     doctor.add_argument("--run-network", choices=["private", "host"], help="as for serve")
     doctor.add_argument(
         "--confinement", choices=["auto", "cgroup", "cgroup-v2", "process-group"], help="as for serve"

@@ -78,6 +78,13 @@ class Settings(BaseModel):
     #: root with fewer capabilities (what ``lite`` was before). ``auto``: ``user`` where this host
     #: allows it, else ``root`` with a warning at start-up and a note beside every answer.
     run_as: Literal["auto", "user", "root"] = "auto"
+    #: How a root server's runs are an unprivileged uid (``run_as: auto`` or ``user``). ``auto``:
+    #: through idmapped mounts where the kernel takes them (the host's files keep their owners in a
+    #: run's view: the host root's are its root's), else without them (each program joins the
+    #: runs' user namespace itself; the host's files keep their host owners there, the host root's
+    #: read-only to it, as for a server that is not root). ``off``: always without them (what a
+    #: kernel before 6.3, whose tmpfs refuses them, gives; for tests of that path).
+    idmapped_mounts: Literal["auto", "off"] = "auto"
     #: Environment variables passed to runs although their names look like credentials (names
     #: with TOKEN, SECRET, PASSWORD, API_KEY, ... and cloud prefixes are left out otherwise; in the
     #: environment, ``,``-separated).

@@ -82,6 +82,12 @@ _HIDDEN_PYTHON_VARIABLES = frozenset(
 #: shows near a small limit (under 5 MiB a new interpreter cannot even start).
 FORK_MIN_MEMORY_LIMIT_MB = 128
 
+#: The file the start-up run makes where its uid on the host is told by what it writes
+#: (``ExecutionEngine.prove_isolation``).
+_OWNER_PROBE = ".mocksandbox-owner-probe"
+#: Why runs are without idmapped mounts where the settings say so.
+IDMAPPED_MOUNTS_OFF = "the setting idmapped_mounts is off"
+
 
 def program_environment(environ: Mapping[str, str], keep: Iterable[str] = ()) -> dict[str, str]:
     """The server's environment as user programs get it: SandboxFusion passes it whole; here
@@ -167,7 +173,12 @@ class ExecutionEngine:
         #: own, where each run mounts the host's top dirs itself): the dirs of the runs they keep
         #: roots for, on the runs' tmpfs (``KeptRootWorkspace``).
         self._kept_run_dirs: WorkdirPool | None = None
-        if runs_root is not None and world is not None and ("mapped_roots" in world or "userns" not in world):
+        users = (world or {}).get("userns") or {}
+        if (
+            runs_root is not None
+            and world is not None
+            and ("mapped_roots" in world or not users or users.get("programs_join"))
+        ):
             os.mkdir(os.path.join(runs_root.path, RUN_DIRS), 0o700)
             # (Never reused: a relay keeps a run's dir bound in its root after the run.)
             self._kept_run_dirs = WorkdirPool(os.path.join(runs_root.path, RUN_DIRS), reuse=False)
@@ -242,6 +253,7 @@ class ExecutionEngine:
             placeholders.update(self.runtime.prepare_workdir(spec, workspace.host_cwd, request.files))
             env = self._language_env[spec.name]
             if spec.setup_command is not None:
+                workspace.hand_over()
                 # Before the code is written, as SandboxFusion does: C#'s `dotnet new console`
                 # makes a template Program.cs that the user's code then replaces.
                 self._command(
@@ -255,6 +267,7 @@ class ExecutionEngine:
                     world=workspace.next_command(),
                 )
             host_code_path = self._write_code(workspace.host_cwd, spec, request.code)
+            workspace.hand_over()  # (where what the server wrote is not the run's as it is: RunOwner)
             code_path = os.path.join(workdir, os.path.basename(host_code_path))
             placeholders["file"] = shlex.quote(code_path)
             compile_result = None
@@ -327,11 +340,18 @@ class ExecutionEngine:
         """Run one program in a world of its own and check what it saw; raises
         :class:`IsolationError` naming the cause if the world could not be made."""
         workspace = self.new_workspace()
+        # Its PID namespace, its pid there, and which host uid its root is (where runs join their
+        # user namespace themselves, a file it makes says so too, read from here).
+        command = "echo $(readlink /proc/self/ns/pid) $$ $(cat /proc/self/uid_map) world"
+        owner = self.isolation.run_owner()
+        if owner is not None:
+            command = f": > {_OWNER_PROBE} && {command}"
+        written: int | None = None
         try:
+            workspace.hand_over()
             result = self.runner.run(
                 CommandSpec(
-                    # Its PID namespace, its pid there, and which host uid its root is.
-                    command="echo $(readlink /proc/self/ns/pid) $$ $(cat /proc/self/uid_map) world",
+                    command=command,
                     cwd=workspace.cwd,
                     env=self._base_env,
                     stdin=None,
@@ -339,7 +359,17 @@ class ExecutionEngine:
                     world=workspace.next_command(last=True),
                 )
             )
+            if owner is not None:
+                try:
+                    written = os.lstat(os.path.join(workspace.host_cwd, _OWNER_PROBE)).st_uid
+                except OSError:
+                    pass
         finally:
+            if owner is not None:
+                try:
+                    os.unlink(os.path.join(workspace.host_cwd, _OWNER_PROBE))
+                except OSError:
+                    pass
             workspace.close(None)
         words = (result.stdout or "").split()
         if result.status != CommandRunStatus.Finished or result.return_code != 0 or words[-1:] != ["world"]:
@@ -363,6 +393,14 @@ class ExecutionEngine:
         nested = bool(users.get("nested") or users.get("runs_tmpfs"))
         if host_root != ["0", str(run_uid)] and not (nested and host_root == ["0", "0"]):
             raise IsolationError(f"the start-up run's root was not uid {run_uid} on the host ({host_root})")
+        if owner is not None:
+            # Its relay stays the host's root (the program joined the runs' user namespace): what
+            # the program wrote is the kernel's word for who it was on the host.
+            if written != run_uid:
+                raise IsolationError(
+                    f"the start-up run's file was not uid {run_uid}'s on the host (uid {written})"
+                )
+            return
         relay_uids = self.runner.relay_uids() if isinstance(self.runner, ProcessRunner) else [run_uid]
         if run_uid not in relay_uids:
             raise IsolationError(f"the start-up run's relay was not uid {run_uid} on the host ({relay_uids})")
@@ -374,14 +412,16 @@ class ExecutionEngine:
         if self.runs_root is None:
             return HostWorkspace(self.workdirs.take(), self.workdirs)
         view_tmp_root = self.settings.tmp_root or tempfile.gettempdir()
+        owner = self.isolation.run_owner()
         if kept_root and self._kept_run_dirs is not None:
-            return KeptRootWorkspace(self._kept_run_dirs, self.runs_root, view_tmp_root)
+            return KeptRootWorkspace(self._kept_run_dirs, self.runs_root, view_tmp_root, owner)
         workspace = LayeredWorkspace(
             self.runs_root,
             view_tmp_root,
             self.isolation.hidden_paths,
             self._skeleton,
             self.isolation.hidden_prefixed,
+            owner=owner,
         )
         self._skeleton = workspace.skeleton_used
         return workspace
@@ -576,16 +616,25 @@ def _start_engine(
                 if settings.run_as == "user":
                     raise IsolationError(f"runs cannot be an unprivileged user here: {unavailable}")
                 as_user, run_as_reason = False, unavailable
+        # A root server's runs are an unprivileged uid with idmapped mounts where the kernel takes
+        # them (the host's files keep their owners in a run's view), else without (their programs
+        # join the runs' user namespace; the host root's files are read-only to them).
+        without_idmap = "" if settings.idmapped_mounts == "auto" else IDMAPPED_MOUNTS_OFF
         while True:
             try:
                 engine, launcher = _start_lite(
-                    settings, confinement, env, hidden_variables, as_user, run_as_reason
+                    settings, confinement, env, hidden_variables, as_user, run_as_reason, without_idmap
                 )
                 return engine, confinement, launcher
             except (OSError, IsolationError, LauncherError) as exc:
+                if as_user and is_root and not without_idmap:
+                    without_idmap = why_no_idmapped_mounts(exc)
+                    continue
                 if as_user and settings.run_as == "auto" and is_root:
                     # The world without a user namespace of its own may still be had.
                     as_user, run_as_reason = False, f"an unprivileged uid failed its start-up run: {exc}"
+                    if without_idmap:
+                        run_as_reason += f" (without idmapped mounts: {without_idmap})"
                     continue
                 after = f" (after {run_as_reason})" if run_as_reason else ""
                 if settings.isolation == "lite" or settings.run_as == "user":
@@ -600,6 +649,19 @@ def _start_engine(
     return ExecutionEngine(settings, runner, confinement.describe(), isolation), confinement, launcher
 
 
+def why_no_idmapped_mounts(exc: BaseException) -> str:
+    """What a failed start of runs with idmapped mounts says of why (the launcher names the file
+    system that refused: ``this kernel's tmpfs refuses idmapped mounts (...)``), in short."""
+    said = str(exc)
+    for prefix in ("mocksandbox launcher: ", "cannot make the runs' user namespace: "):
+        said = said.split(prefix, 1)[-1]
+    if said.startswith("[Errno "):
+        said = said.split("] ", 1)[-1]
+    if "refuses idmapped mounts" in said:
+        return said.replace("refuses idmapped mounts", "refuses them", 1)
+    return f"their start-up run failed: {said}"
+
+
 def _start_lite(
     settings: Settings,
     confinement: Confinement,
@@ -607,9 +669,13 @@ def _start_lite(
     hidden_variables: tuple[str, ...],
     as_user: bool,
     run_as_reason: str,
+    without_idmap: str = "",
 ) -> tuple[ExecutionEngine, Launcher]:
     """The launcher and engine of isolation ``lite``, proved by one real run; runs are an
-    unprivileged host uid when ``as_user``. Raises (and leaves nothing behind) where it fails."""
+    unprivileged host uid when ``as_user``, for a root server with idmapped mounts but where
+    ``without_idmap`` says why not (their programs then join the runs' user namespace, and what
+    the server writes for them is given to their uid). Raises (and leaves nothing behind) where
+    it fails."""
     runs_root: RunsRoot | None = None
     launcher: Launcher | None = None
     try:
@@ -649,10 +715,15 @@ def _start_lite(
         elif as_user:
             run_uid = reserve_run_uids()
             # Where no cgroup bounds a run, RLIMIT_NPROC must, and the kernel counts it per user
-            # namespace: each relay then nests one of its own.
+            # namespace: each relay (each program, where they join it) then nests one of its own.
             nested = confinement.name == "process-group"
             world["userns"] = {"uid": run_uid, "gid": run_uid, "count": RUN_UID_COUNT, "nested": nested}
-            world["mapped_roots"] = _mapped_roots(settings, runs_root.path, tmp_root)
+            if without_idmap:
+                world["userns"]["programs_join"] = True
+                # (Its programs see the host root's files as nobody's: the way to these is theirs.)
+                world["reach"] = _runtime_dirs(settings)
+            else:
+                world["mapped_roots"] = _mapped_roots(settings, runs_root.path, tmp_root)
             confinement.delegate_runs_to(run_uid, run_uid)
         launcher = Launcher(settings.python, env, world)
         launcher.after_close.append(runs_root.close)
@@ -671,6 +742,7 @@ def _start_lite(
             run_as_reason,
             syscall_filter="syscall_filter" in world,
             syscall_filter_reason=filter_reason,
+            without_idmapped_mounts=without_idmap if run_uid is not None and os.geteuid() == 0 else "",
         )
         runner = ProcessRunner(confinement, launcher, settings.max_output_bytes)
         engine = ExecutionEngine(settings, runner, confinement.describe(), isolation, runs_root, world)
@@ -688,7 +760,8 @@ def _start_lite(
 def _runtime_dirs(settings: Settings) -> list[str]:
     """The dirs of the user's Python (its venv, the interpreter it is made from) and of the runtime
     libraries: where a world leaves out the host's (a server that is not root starts runs with an
-    empty /tmp), a run must see these all the same."""
+    empty /tmp), a run must see these all the same; where the host root's dirs are nobody's to a
+    run (a root server without idmapped mounts), it must reach them all the same."""
     python = Path(settings.python)
     dirs = {str(python.parent.parent), str(python.resolve().parent.parent), str(Path(settings.runtime_dir))}
     return sorted(os.path.abspath(d) for d in dirs if d != "/")

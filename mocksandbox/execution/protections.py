@@ -96,9 +96,15 @@ def _in_world(lite: bool, name: str, how: str, why_none: str) -> Protection:
 
 def _non_root(isolation: Isolation) -> Protection:
     if isolation.mode == "lite" and isolation.run_uid is not None:
-        return Protection(
-            "non-root uid", "yes", f"uid {isolation.run_uid} on the host, root only in its own user namespace"
-        )
+        how = f"uid {isolation.run_uid} on the host, root only in its own user namespace"
+        if isolation.without_idmapped_mounts:
+            # (Which way holds, and why not the other: the start-up run proved it, by the owner
+            # of a file it made, read from outside.)
+            how += (
+                f" (without idmapped mounts: {isolation.without_idmapped_mounts}; "
+                "host files owned by others are read-only to runs)"
+            )
+        return Protection("non-root uid", "yes", how)
     if isolation.mode == "lite":
         why = isolation.run_as_reason or "run_as: root was asked for"
         return Protection("non-root uid", "no", f"runs are the host's root ({why})", "--run-as user")

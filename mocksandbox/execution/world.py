@@ -182,6 +182,12 @@ class Isolation:
     #: Whether runs start under the seccomp filter (``syscall_filter.py``), and if not, why.
     syscall_filter: bool = False
     syscall_filter_reason: str = ""
+    #: Where a root server's runs are ``run_uid`` without idmapped mounts (their programs join the
+    #: runs' user namespace: ``_launcher_users.RunUsers.programs_join``), why it has none (the
+    #: kernel refused them, or ``idmapped_mounts: off``); else empty. The host's files keep their
+    #: host owners in a run's view then (the host root's are nobody's: read-only to it), and what
+    #: the server makes for a run it gives to the run's uid (:meth:`run_owner`).
+    without_idmapped_mounts: str = ""
 
     def describe(self) -> str:
         if self.mode == "none":
@@ -205,10 +211,23 @@ class Isolation:
             missing.append(f"the seccomp filter ({self.syscall_filter_reason})")
         return missing
 
+    def run_owner(self) -> RunOwner | None:
+        """Whom the server gives what it makes for a run, where what it writes as itself would
+        not be the run's own (see :attr:`without_idmapped_mounts`), else ``None``."""
+        if self.mode != "lite" or self.run_uid is None or not self.without_idmapped_mounts:
+            return None
+        return RunOwner(self.run_uid, self.run_uid)
+
     def describe_user(self) -> str:
         """Who a run is on the host."""
         if self.mode == "none":
             return "runs are this server's user"
+        if self.run_uid is not None and self.without_idmapped_mounts:
+            return (
+                f"runs are uid {self.run_uid} on the host (root only in a user namespace of their own, "
+                f"without idmapped mounts: {self.without_idmapped_mounts}; the host's files owned by "
+                "others are read-only to them)"
+            )
         if self.run_uid is not None and self.run_uid == os.geteuid():
             return (
                 f"runs are uid {self.run_uid} on the host, this server's user (root only in a user "
@@ -244,6 +263,60 @@ def server_private_prefixes(tmp_root: str | None) -> tuple[tuple[str, str], ...]
 #: How many uids a run's user namespace maps (0 is its root; the others are there for programs that
 #: change user, as ``apt`` and ``su`` do).
 RUN_UID_COUNT = 65536
+
+
+@dataclass(frozen=True)
+class RunOwner:
+    """Whom the server gives what it makes for a run, where what it writes as itself (the host's
+    root) would not be the run's: a root server's runs without idmapped mounts
+    (:attr:`Isolation.without_idmapped_mounts`). The run's root is host uid ``uid`` and gid
+    ``gid``; its user namespace maps ``count`` ids from there. The server reads and removes what
+    runs write as ever: it is root."""
+
+    uid: int
+    gid: int
+    count: int = RUN_UID_COUNT
+
+    def shifted(self, uid: int, gid: int) -> tuple[int, int]:
+        """The owner a host owner is in the run's namespace, as a host id: the host's root is the
+        run's root (``uid``), a host user ``n`` below ``count`` its ``n``; one it does not map
+        stays as it is (the run sees nobody)."""
+        return (
+            self.uid + uid if 0 <= uid < self.count else uid,
+            self.gid + gid if 0 <= gid < self.count else gid,
+        )
+
+    def give(self, path: str) -> None:
+        """``path`` (a symlink itself, not what it names) made the run's root's."""
+        os.chown(path, self.uid, self.gid, follow_symlinks=False)
+
+    def give_tree(self, path: str) -> None:
+        """``path`` and everything below it that is not the run's root's already, made so."""
+        info = os.lstat(path)
+        if (info.st_uid, info.st_gid) != (self.uid, self.gid):
+            self.give(path)
+        if not stat.S_ISDIR(info.st_mode):
+            return
+        with os.scandir(path) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    self.give_tree(entry.path)
+                    continue
+                found = entry.stat(follow_symlinks=False)
+                if (found.st_uid, found.st_gid) != (self.uid, self.gid):
+                    self.give(entry.path)
+
+
+def run_owner_of(world: Mapping[str, Any] | None) -> RunOwner | None:
+    """The :class:`RunOwner` of runs made of the world settings ``world`` (the engine's, which
+    Jupyter kernels and swedev sessions share), or ``None`` where the server's own writes are the
+    run's as they are."""
+    users = (world or {}).get("userns") or {}
+    if not users.get("programs_join"):
+        return None
+    return RunOwner(int(users["uid"]), int(users["gid"]), int(users.get("count", RUN_UID_COUNT)))
+
+
 #: Where the runs' uids are reserved: a block at a random place per server (never derived from a
 #: pid, which repeats in every container), far above any uid a distribution gives its users or
 #: lists in ``/etc/subuid``.
@@ -642,6 +715,9 @@ class HostWorkspace:
     def next_command(self, last: bool = False, keep: bool = False) -> dict[str, Any] | None:
         return None
 
+    def hand_over(self) -> None:
+        """What the server wrote in the run's dir is the run's as it is (see :class:`RunOwner`)."""
+
     def close(self, code_path: str | None) -> None:
         if self._pool is not None:
             self._pool.give_back(self.cwd, code_path)
@@ -666,11 +742,17 @@ class KeptRootWorkspace:
     removes it once the run's processes are gone, before it answers; the server removes it where
     the run never got that far."""
 
-    def __init__(self, pool: Any, runs_root: RunsRoot, view_tmp_root: str) -> None:
+    def __init__(
+        self, pool: Any, runs_root: RunsRoot, view_tmp_root: str, owner: RunOwner | None = None
+    ) -> None:
         self._pool = pool
         self._runs_root = runs_root
+        #: Whom what the server writes for the run is given to (see :class:`RunOwner`), if anyone.
+        self._owner = owner
         #: Where the server writes the run's files.
         self.host_cwd: str = pool.take()
+        if owner is not None:
+            owner.give(self.host_cwd)
         #: The run's dir as the run sees it.
         self.cwd = os.path.join(view_tmp_root, os.path.basename(self.host_cwd))
 
@@ -686,6 +768,12 @@ class KeptRootWorkspace:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "wb") as handle:
             handle.write(data)
+
+    def hand_over(self) -> None:
+        """What the server wrote in the run's dir given to the run, where that must be done
+        (:class:`RunOwner`): before its first command, once the files are written."""
+        if self._owner is not None:
+            self._owner.give_tree(self.host_cwd)
 
     def read_file(self, view_path: str) -> bytes | None:
         """The regular file of the run's dir at ``view_path``, or ``None``."""
@@ -730,9 +818,12 @@ class LayeredWorkspace:
         hidden_paths: tuple[str, ...],
         skeleton: list[tuple[str, int, int, int]] | None = None,
         hidden_prefixed: tuple[tuple[str, str], ...] = (),
+        owner: RunOwner | None = None,
     ) -> None:
         self.slot = runs_root.new_slot()
         self._runs_root = runs_root
+        #: Whom what the server writes for the run is given to (see :class:`RunOwner`), if anyone.
+        self._owner = owner
         self._hidden_prefixed = hidden_prefixed
         self._layers: list[str] = []
         self._commands = 0
@@ -750,6 +841,8 @@ class LayeredWorkspace:
         #: What the first layer started with (given to the next requests of this server).
         self.skeleton_used = skeleton
         os.mkdir(self.host_cwd, 0o700)
+        if owner is not None:
+            owner.give(self.host_cwd)
 
     def skeleton(self, view_dir: str) -> list[tuple[str, int, int, int]]:
         """``view_dir`` and its parents, each with the mode and owner the run sees it with (the
@@ -785,7 +878,11 @@ class LayeredWorkspace:
                 continue
             os.mkdir(host)
             os.chmod(host, mode)
-            if (uid, gid) != (os.geteuid(), os.getegid()) and os.geteuid() == 0:
+            if self._owner is not None:
+                # As the run's namespace has their host owners (the host root's: the run root's),
+                # so that the run reaches its dir through dirs the host's root keeps to itself.
+                os.chown(host, *self._owner.shifted(uid, gid))
+            elif (uid, gid) != (os.geteuid(), os.getegid()) and os.geteuid() == 0:
                 os.chown(host, uid, gid)  # (a server that is not root leaves them its own)
 
     # -- the server's writes and reads ------------------------------------------------------------
@@ -797,8 +894,17 @@ class LayeredWorkspace:
         if parent != self.cwd and not parent.startswith(self.cwd + "/"):
             self._outside_cwd = True  # not in the run's dir: only a root of its own shows it
         self._make_skeleton(self.skeleton(parent))
-        with open(self._host(os.path.join(parent, os.path.basename(view_path)), 0), "wb") as handle:
+        path = self._host(os.path.join(parent, os.path.basename(view_path)), 0)
+        with open(path, "wb") as handle:
             handle.write(data)
+        if self._owner is not None:
+            self._owner.give(path)
+
+    def hand_over(self) -> None:
+        """What the server wrote in the run's dir given to the run, where that must be done
+        (:class:`RunOwner`): before its first command, once the files are written."""
+        if self._owner is not None:
+            self._owner.give_tree(self.host_cwd)
 
     def read_file(self, view_path: str) -> bytes | None:
         """The regular file the run sees at ``view_path``, or ``None``."""

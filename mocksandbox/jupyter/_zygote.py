@@ -120,8 +120,13 @@ class _Worlds:
 
     def fork(self, config: dict[str, Any]) -> int:
         """Fork a child that is PID 1 of a new PID namespace (this process stays in its own); with
-        ``config["userns"]``, in the runs' user namespace (:meth:`_fork_as_user`)."""
-        if config.get("userns") is not None:
+        ``config["userns"]``, in the runs' user namespace (:meth:`_fork_as_user`), but where the
+        kernel alone joins it (``programs_join``: a root server without idmapped mounts; the
+        world's PID 1 stays the host's root, as the launcher's relays do)."""
+        if (config.get("userns") or {}).get("programs_join"):
+            if self.users is None:
+                self.users = self.run_users(config, self.calls)  # (only the namespace: no mounts)
+        elif config.get("userns") is not None:
             return self._fork_as_user(config)
         self.calls.unshare(_CLONE_NEWPID)
         try:
@@ -221,7 +226,7 @@ class _Worlds:
             protocol_out.close()
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # ours to wait for
             world = request["world"]
-            made = self.world(world["config"], self.calls)
+            made = self.world(world["config"], self.calls, self.users)
             scratch = world["config"]["scratch"]
             os.mkdir(scratch + "/u", 0o755)
             os.mkdir(scratch + "/w", 0o700)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,6 +22,14 @@ def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("runs")
 
 
+#: A root server's runs without idmapped mounts (``idmapped_mounts: off``: what a kernel before 6.3,
+#: whose tmpfs refuses them, gives; the relays stay the host's root and each program joins the runs'
+#: user namespace): the fixtures' worlds are made that way too, as ``<isolation>-noidmap``. (A server
+#: that is not root has no idmapped mounts to turn off.)
+NO_IDMAP = "-noidmap"
+_AS_ROOT = os.geteuid() == 0
+
+
 @pytest.fixture(
     scope="module",
     params=[
@@ -31,13 +40,25 @@ def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("process-group", "fork", "none"),
         # A world with no cgroup (a cgroup v2 host without delegation): rlimits bound its runs.
         ("process-group", "fork", "lite"),
+        *(
+            [
+                ("cgroup", "fork", "lite" + NO_IDMAP),
+                ("cgroup", "spawn", "lite" + NO_IDMAP),
+                ("process-group", "fork", "lite" + NO_IDMAP),
+            ]
+            if _AS_ROOT
+            else []
+        ),
     ],
     ids=lambda p: "-".join(p),
 )
 def sandbox(request: pytest.FixtureRequest, runs_dir: Path) -> Iterator[MockSandbox]:
     """The real engine under each confinement this host offers, in both execution modes, with
-    and without a world of its own per run (isolation lite where this host allows it)."""
+    and without a world of its own per run (isolation lite where this host allows it; as root,
+    with idmapped mounts and without)."""
     mode, exec_mode, isolation = request.param
+    idmapped_mounts = "off" if isolation.endswith(NO_IDMAP) else "auto"
+    isolation = isolation.removesuffix(NO_IDMAP)
     if mode == "cgroup" and not CgroupConfinement.available():
         pytest.skip("cgroup v1 pids/memory/freezer controllers are not writable here")
     if isolation == "lite" and (reason := lite_unavailable_reason()) is not None:
@@ -47,29 +68,44 @@ def sandbox(request: pytest.FixtureRequest, runs_dir: Path) -> Iterator[MockSand
         "confinement": mode,
         "exec_mode": exec_mode,
         "isolation": isolation,
+        "idmapped_mounts": idmapped_mounts,
     }
     box = MockSandbox.create(load_settings(overrides=overrides))
     assert box.confinement.name == mode
     assert box.engine.isolation.mode == isolation
+    assert_idmapped_mounts_as_asked(box, idmapped_mounts)
     yield box
     box.close()
 
 
-@pytest.fixture(scope="module", params=["fork", "spawn"])
+def assert_idmapped_mounts_as_asked(box: MockSandbox, idmapped_mounts: str) -> None:
+    """A root server's lite runs are an unprivileged uid without idmapped mounts where that was
+    asked for, and with them otherwise (this machine's kernel takes them)."""
+    isolation = box.engine.isolation
+    if isolation.mode != "lite" or not _AS_ROOT:
+        return
+    assert isolation.run_uid is not None, isolation.run_as_reason
+    assert bool(isolation.without_idmapped_mounts) == (idmapped_mounts == "off"), isolation
+
+
+@pytest.fixture(scope="module", params=["fork", "spawn", *(["fork" + NO_IDMAP] if _AS_ROOT else [])])
 def lite_sandbox(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[MockSandbox]:
     """A real engine under isolation lite (skipped where this host gives none), in each execution
-    mode, one per test module: runs one after another go to one relay (the launcher hands out the
-    last one given back)."""
+    mode (as root, also without idmapped mounts), one per test module: runs one after another go
+    to one relay (the launcher hands out the last one given back)."""
     if (reason := lite_unavailable_reason()) is not None:
         pytest.skip(reason)
+    idmapped_mounts = "off" if request.param.endswith(NO_IDMAP) else "auto"
     overrides = {
         "tmp_root": str(tmp_path_factory.mktemp("runs")),
-        "exec_mode": request.param,
+        "exec_mode": request.param.removesuffix(NO_IDMAP),
         "isolation": "lite",
+        "idmapped_mounts": idmapped_mounts,
     }
     box = MockSandbox.create(load_settings(overrides=overrides))
+    assert_idmapped_mounts_as_asked(box, idmapped_mounts)
     yield box
     box.close()
 

@@ -237,7 +237,13 @@ def test_background_job_in_bash_is_killed(sandbox: MockSandbox) -> None:
 
 
 def test_program_that_kills_its_parent(sandbox: MockSandbox) -> None:
-    code = "import os, signal, time\nos.kill(os.getppid(), signal.SIGKILL)\ntime.sleep(1)\nprint('reached')"
+    # (Where the run joined its user namespace itself and its relay is the host's root, the kernel
+    # refuses the signal outright: the program goes on all the same.)
+    code = (
+        "import os, signal, time\n"
+        "try:\n    os.kill(os.getppid(), signal.SIGKILL)\nexcept PermissionError:\n    pass\n"
+        "time.sleep(1)\nprint('reached')"
+    )
     with divergence.collecting() as notes:
         result = run(sandbox, code)
     assert result.run_result is not None

@@ -92,6 +92,7 @@ class KeptRoot:
         first = self.runs == 0
         if first:
             os.makedirs(os.path.dirname(target), exist_ok=True)
+            self.world.give_way(self.root, cwd)  # (where programs join the runs' user namespace)
         os.mkdir(target, 0o700)  # (the first run's copies up the dirs on the way)
         if first:
             # What the upper layer holds now is what every later run must leave, but for one

@@ -8,6 +8,11 @@ they come and go, between runs (:meth:`Mask.refresh`).
 
 Where an unprivileged relay cannot take the host's root file system as one layer, each top-level
 dir of it is a layer of its own (:func:`host_tops`) and the mask holds the top of the host's tree.
+
+Where programs join the runs' user namespace themselves (a root server without idmapped mounts),
+the host root's dirs are nobody's to a run: the mask holds the dirs on the way to what a run must
+reach (the user's Python, the runtime: ``world["reach"]``, which a root server may keep under its
+0700 home), given to the run's root, as an idmapped view would show them.
 """
 
 import os
@@ -56,21 +61,28 @@ class Mask:
     ``opaque_xattr``: the xattr overlayfs keeps its opaque mark in; ``tops``: the host's top dirs
     that are layers of their own (:func:`host_tops`), or ``None``; ``shown``: host dirs a run must
     see where its tops leave them out (mount points are made for them here); ``config``: the
-    world's settings (``hide``, ``hide_prefixed``).
+    world's settings (``hide``, ``hide_prefixed``, ``reach``); ``joins``: the runs' user namespace
+    (``RunUsers``) where programs join it themselves, else ``None``.
     """
 
-    def __init__(self, path: str, host: str, opaque_xattr: str, tops, shown: list, config: dict) -> None:
+    def __init__(
+        self, path: str, host: str, opaque_xattr: str, tops, shown: list, config: dict, joins=None
+    ) -> None:
         self.path = path
         self.host = host
         self.opaque_xattr = opaque_xattr
         self.tops = tops
         self.shown = shown
+        self.joins = joins
         #: Dirs whose entries with a prefix are hidden as they come and go: ``[dir, prefix]``.
         self.hidden_prefixes = [tuple(pair) for pair in config.get("hide_prefixed", [])]
         self._scanned: dict = {}
         self._masked: dict = {}
         self.hidden = config.get("hide", [])
         self._build(self.hidden)
+        if joins is not None:
+            for path in config.get("reach", []):
+                self._reach(path)
 
     def _dir(self, path: str, opaque: bool) -> str:
         """``path`` made in the mask layer with its host attributes (the topmost layer holding a
@@ -115,6 +127,24 @@ class Mask:
             self._hide(path)
         for path in self.shown:  # mount points for them (the host's own modes and owners)
             self._dir(path, False)
+
+    def _reach(self, path: str) -> None:
+        """Where programs join the runs' user namespace: the dirs on the way to the host dir
+        ``path`` (links followed first: a dir here in a link's place would hide where it leads),
+        and ``path`` itself, made here with their host modes and given to the same owners of the
+        runs' namespace (the host root's to the run's root), so that a run reaches and reads what
+        is below them as the host's root may. The rest of each comes through from the host."""
+        path = os.path.realpath(path)
+        if not os.path.isdir(path) or path == "/":
+            return
+        way = ""
+        for part in [part for part in path.split("/") if part]:
+            way += "/" + part
+            target = self._dir(way, False)
+            info = os.stat(way)
+            owner = self.joins.shifted(info.st_uid, info.st_gid)
+            if owner != (os.stat(target).st_uid, os.stat(target).st_gid):
+                os.chown(target, *owner)
 
     def _hide(self, path: str) -> bool:
         """``path`` made present but empty in the mask layer; whether there was one to hide."""

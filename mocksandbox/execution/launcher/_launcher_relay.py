@@ -39,7 +39,7 @@ def run_relay(sock: _socket.socket, request: dict, fds: list, ran_fd: int) -> No
     _signal.signal(_signal.SIGIO, end_the_run)  # (a world's relay sets it again, as its PID 1)
     if state.WORLD_CONFIG is not None and request.get("world") is not None:
         try:
-            state.WORLD = World(state.WORLD_CONFIG, state.SYSCALLS)
+            state.WORLD = World(state.WORLD_CONFIG, state.SYSCALLS, state.USERS)
         except OSError as exc:
             # No world, no runs: this one is told why (on its stderr) and the relay leaves.
             try:

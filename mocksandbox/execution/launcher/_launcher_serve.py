@@ -105,8 +105,8 @@ def serve(sock: _socket.socket, baseline_modules: frozenset) -> None:
     own_pid_namespace = (
         os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC) if state.WORLD_CONFIG else None
     )
-    if state.USERS is not None:
-        own_pid_namespace = state.USERS
+    if state.USERS is not None and not state.USERS.programs_join:
+        own_pid_namespace = state.USERS  # (else relays stay the host's root: their programs join it)
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLIN)
     poller.register(ran_r, select.POLLIN)

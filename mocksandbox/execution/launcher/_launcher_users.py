@@ -1,12 +1,15 @@
 """Uid maps: runs as an unprivileged range of host uids, in a user namespace of their own
-(:class:`RunUsers`), made once in the launcher and entered by each relay of a world.
+(:class:`RunUsers`), made once in the launcher and entered by each relay of a world, or by each
+program where the relays stay the host's root (a root server without idmapped mounts).
 
 Kernels' worlds use it too (``mocksandbox/jupyter/_zygote.py``).
 """
 
+import errno
 import os
 
 from _launcher_syscalls import (
+    CLONE_NEWNET,
     CLONE_NEWNS,
     CLONE_NEWPID,
     CLONE_NEWUSER,
@@ -41,6 +44,19 @@ class RunUsers:
     namespace of its own, mapping its root to the server's uid alone (what any user may do where
     unprivileged user namespaces are allowed). The host's files are then seen with their own
     owners, those of other users (root's) as nobody's: read-only to the run, as on the host.
+
+    A root server whose kernel refuses idmapped mounts (tmpfs takes them from Linux 6.3 only;
+    overlayfs, 9p, virtiofs and NFS refuse them on 6.1: a root file system of those fails first)
+    keeps the same user namespace without them (``programs_join``): its relays stay the host's
+    root and mount each run's root as a root server's relays do without a user namespace, and
+    each program joins the namespace as it starts (:meth:`join`), between its last look at the
+    host's paths and its chroot. The host's files are then seen with their host owners: the host
+    root's as nobody's, read-only to the run, as for a server that is not root. What the server
+    makes for a run (its dir, its files, its root's top) it gives to the run's uid
+    (``mocksandbox.execution.world.RunOwner``), and what the run writes is stored as that uid's,
+    which the server, root, reads and removes all the same. The relays' network namespaces belong
+    to the runs' user namespace all the same (:meth:`enter_own_network`): a run's root binds ports
+    below 1024 and opens raw sockets there, as where relays are in that user namespace.
     """
 
     def __init__(self, config: dict, calls: Syscalls) -> None:
@@ -48,6 +64,8 @@ class RunUsers:
         self.uid, self.gid, self.count = users["uid"], users["gid"], users["count"]
         self.self_mapped = bool(users.get("self_mapped"))
         self.nested = bool(users.get("nested"))
+        #: Relays stay the host's root; each program joins the namespace (see the class).
+        self.programs_join = bool(users.get("programs_join"))
         self.userns = self.base = -1
         #: The server's uid as the relays' parent namespace sees it.
         self.outside_uid, self.outside_gid = self.uid, self.gid
@@ -56,16 +74,19 @@ class RunUsers:
                 self._own_runs_tmpfs(config["runs_root"], users["runs_tmpfs"], calls)
                 os.mkdir(config["scratch"], 0o700)  # (the host's is under the tmpfs now)
             return
+        if self.programs_join:
+            self.userns = self._make_namespace(calls)  # (nothing is mounted for it: no mount namespace)
+            return
         calls.unshare(CLONE_NEWNS)
         calls.mount(None, "/", None, MS_REC | MS_SLAVE)
         self.userns = self._make_namespace(calls)
         base = config["scratch"]
         calls.mount("tmpfs", base, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
         os.mkdir(base + "/lower", 0o755)
-        calls.idmapped_clone("/", base + "/lower", self.userns, read_only=True)
+        _idmapped_clone(calls, "/", base + "/lower", self.userns, read_only=True)
         for index, root in enumerate(config["mapped_roots"]):
             os.mkdir(f"{base}/m{index}", 0o755)
-            calls.idmapped_clone(root, f"{base}/m{index}", self.userns, read_only=False)
+            _idmapped_clone(calls, root, f"{base}/m{index}", self.userns, read_only=False)
         self.base = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
     def _own_runs_tmpfs(self, runs_root: str, options: str, calls: Syscalls) -> None:
@@ -138,15 +159,114 @@ class RunUsers:
         os.setresgid(0, 0, 0)
         os.setresuid(0, 0, 0)
         if self.nested:
-            # A user namespace of this relay's own inside the runs' (its root theirs): the kernel
-            # counts RLIMIT_NPROC per user namespace and uid, so that the limit bounds this relay's
-            # runs alone, where no cgroup bounds them. (Their other uids are not mapped there.)
-            # (The uid change made this process undumpable, which gives its /proc files to the
-            # host's root: dumpable again while it writes its maps, and undumpable after.)
-            calls.unshare(CLONE_NEWUSER)
-            calls.libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
-            write_text("/proc/self/setgroups", "deny")
-            write_text("/proc/self/uid_map", "0 0 1\n")
-            write_text("/proc/self/gid_map", "0 0 1\n")
-            calls.libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+            # One of this relay's own inside the runs': RLIMIT_NPROC then bounds its runs alone.
+            _nest(calls)
         calls.unshare(CLONE_NEWPID)
+
+    def shifted(self, uid: int, gid: int) -> tuple:
+        """The host ids the runs' namespace has a host owner as (the host's root: the runs' root,
+        host user ``n`` below ``count``: its ``n``); one it does not map, as it is."""
+        return (
+            self.uid + uid if 0 <= uid < self.count else uid,
+            self.gid + gid if 0 <= gid < self.count else gid,
+        )
+
+    def join(self, calls: Syscalls) -> None:
+        """In a program of a relay that stays the host's root (``programs_join``), while it may
+        still look at the host's paths: into the runs' user namespace as its root, and, with
+        ``nested``, into one of its own inside it (RLIMIT_NPROC then bounds this run alone, where
+        no cgroup does). The namespace's descriptor is closed with the program's others."""
+        calls.setns(self.userns, CLONE_NEWUSER)
+        os.setgroups([])
+        os.setresgid(0, 0, 0)
+        os.setresuid(0, 0, 0)
+        if self.nested:
+            _nest(calls)
+
+    def enter_own_network(self, calls: Syscalls) -> None:
+        """In a relay that stays the host's root (``programs_join``), before it has a /proc of its
+        own: into a new network namespace that belongs to the runs' user namespace, so that a
+        run's root has the capabilities it keeps over its network (binding ports below 1024, raw
+        sockets), as in a relay of that namespace. A child joins the namespace and makes it; this
+        process enters it through the child's pidfd (the host's root may enter any)."""
+        made_r, made_w = os.pipe()
+        done_r, done_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(made_r)
+                os.close(done_w)
+                calls.setns(self.userns, CLONE_NEWUSER)
+                calls.unshare(CLONE_NEWNET)
+                os.write(made_w, b"n")
+                os.read(done_r, 1)  # until the relay is in it
+            finally:
+                os._exit(0)
+        os.close(made_w)
+        os.close(done_r)
+        try:
+            if os.read(made_r, 1) != b"n":
+                raise OSError(errno.EPERM, "cannot make a network namespace of the runs' user namespace")
+            pidfd = os.pidfd_open(pid)
+            try:
+                calls.setns(pidfd, CLONE_NEWNET)
+            finally:
+                os.close(pidfd)
+        finally:
+            os.close(done_w)
+            os.close(made_r)
+            while True:
+                try:
+                    os.waitpid(pid, 0)
+                    break
+                except InterruptedError:
+                    continue
+                except ChildProcessError:
+                    break
+
+
+def _nest(calls: Syscalls) -> None:
+    """A user namespace of this process's own inside the runs' (its root theirs): the kernel
+    counts RLIMIT_NPROC per user namespace and uid, so that the limit bounds what this process
+    starts alone, where no cgroup bounds it. (Their other uids are not mapped there.) (The uid
+    change made this process undumpable, which gives its /proc files to the host's root: dumpable
+    again while it writes its maps, and undumpable after.)"""
+    calls.unshare(CLONE_NEWUSER)
+    calls.libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+    write_text("/proc/self/setgroups", "deny")
+    write_text("/proc/self/uid_map", "0 0 1\n")
+    write_text("/proc/self/gid_map", "0 0 1\n")
+    calls.libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def _idmapped_clone(calls: Syscalls, source: str, target: str, userns: int, read_only: bool) -> None:
+    """``Syscalls.idmapped_clone``, failing with the words the server shows where the kernel
+    refuses: which file system refused (``this kernel's tmpfs refuses idmapped mounts (...)``)."""
+    try:
+        calls.idmapped_clone(source, target, userns, read_only)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS):
+            raise
+        kind = file_system_type(source)
+        raise OSError(
+            exc.errno, f"this kernel's {kind} refuses idmapped mounts ({source}: {os.strerror(exc.errno)})"
+        ) from None
+
+
+def file_system_type(path: str) -> str:
+    """The type of the file system ``path`` is on (``tmpfs``, ``overlay``, ``9p``...), read off
+    this process's mount table (the last mount at the longest mount point above it), or ``a file
+    system`` where it cannot be told."""
+    path = os.path.realpath(path)
+    found, longest = "a file system", -1
+    try:
+        with open("/proc/self/mountinfo") as mountinfo:
+            for line in mountinfo:
+                fields = line.split()
+                point = fields[4].replace("\\040", " ")
+                below = path == point or path.startswith(point.rstrip("/") + "/")
+                if below and len(point) >= longest:
+                    found, longest = fields[fields.index("-") + 1], len(point)
+    except (OSError, ValueError, IndexError):
+        pass
+    return found

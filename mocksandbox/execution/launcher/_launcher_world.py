@@ -9,6 +9,11 @@ layer: ``_launcher_mask``, a read-only /sys, a /dev). What is fresh is made per 
 whose upper layer the server made for this request (or a root kept from run to run:
 ``_launcher_kept``), and the program chroot'ed into it with a reduced capability set.
 
+Where runs are an unprivileged uid, a relay is the root of their user namespace and makes all this
+there; but for a root server whose kernel refuses idmapped mounts, whose relays stay the host's
+root (``_launcher_users.RunUsers.programs_join``): each program joins the runs' user namespace
+itself, and what it must reach in its root on the way to its dir is given to its uid.
+
 A Jupyter kernel's world is made by the same class, in the kernels' fork server
 (``mocksandbox/jupyter/_zygote.py``).
 """
@@ -60,7 +65,7 @@ _DEV_LINKS = (
 class World:
     """One relay's namespaces, and the per-run overlay it mounts for each run that asks."""
 
-    def __init__(self, config: dict, calls: Syscalls) -> None:
+    def __init__(self, config: dict, calls: Syscalls, users=None) -> None:
         self.calls = calls
         self.scratch = config["scratch"]
         self.root = self.scratch + "/root"
@@ -76,8 +81,12 @@ class World:
         #: Whether the relay's IPC namespace holds what a run left, which the next run must not
         #: find (see renew_ipc).
         self.ipc_dirty = False
-        #: In a user namespace of the runs' own (see RunUsers), else the host's root.
-        self.users = config.get("userns") is not None
+        #: The runs' user namespace (``RunUsers``) that each program joins as it starts, where the
+        #: relay stays the host's root (``programs_join``: a root server without idmapped mounts),
+        #: else ``None``.
+        self.joins = users if users is not None and users.programs_join else None
+        #: The relay is in a user namespace of the runs' own (see RunUsers), else the host's root.
+        self.users = config.get("userns") is not None and self.joins is None
         #: Where the host's root file system is seen as the runs see it (their lowest layer): the
         #: idmapped copy in a user namespace (there the host's own "/" shows its root's files as
         #: nobody's), else "/" itself.
@@ -89,7 +98,11 @@ class World:
         #: The xattrs overlayfs keeps its marks in (a user namespace may only write user.*).
         self.opaque_xattr = "user.overlay.opaque" if self.users else "trusted.overlay.opaque"
         private_network = config.get("network", "private") == "private"
-        flags = CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | (CLONE_NEWNET if private_network else 0)
+        flags = CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS
+        if private_network and self.joins is not None:
+            self.joins.enter_own_network(calls)  # (one of the runs' user namespace: see RunUsers)
+        elif private_network:
+            flags |= CLONE_NEWNET
         calls.unshare(flags)
         calls.mount(None, "/", None, MS_REC | MS_PRIVATE)
         # This PID namespace's own /proc (the relay is its PID 1).
@@ -106,7 +119,7 @@ class World:
             try:
                 write_text("/proc/sys/net/ipv4/tcp_max_tw_buckets", "0")
             except OSError:
-                if not self.users:
+                if not self.users and self.joins is None:
                     raise
         # Kernel tunables and the magic SysRq key stay out of reach of a root program.
         calls.mount("/proc/sys", "/proc/sys", None, MS_BIND | MS_REC)
@@ -129,7 +142,7 @@ class World:
         try:
             calls.mount("sysfs", self.scratch + "/sys", "sysfs", read_only_sys)
         except OSError:
-            if not self.users:
+            if not self.users and self.joins is None:
                 raise
             # A user namespace may mount a sysfs only with a network namespace of its own (not so
             # with run_network: host): the host's, read-only.
@@ -146,7 +159,9 @@ class World:
                 p for p in config.get("show", []) if p.startswith(tuple(fresh)) and os.path.isdir(p)
             ]
         #: The mask layer (hidden paths present but empty), built here once.
-        self.mask_layer = Mask(self.mask, self.host, self.opaque_xattr, self.tops, self.shown, config)
+        self.mask_layer = Mask(
+            self.mask, self.host, self.opaque_xattr, self.tops, self.shown, config, self.joins
+        )
         self.keep_caps = set(config["keep_caps"])
         calls.drop_bounding_set(self.keep_caps)
         calls.prepare_capabilities(self.keep_caps)
@@ -157,10 +172,13 @@ class World:
         #: program inherits it at its fork instead of paying for a filter of its own (the kernel
         #: compiles and JITs each one; about a fifth of a millisecond a run). What the relay still
         #: does for each run (mount and unmount its root) the filter leaves to the capability check.
+        #: Where programs join the runs' user namespace (``joins``), each installs it itself, after:
+        #: the filter refuses ``setns``.
         self.filtered = config.get("syscall_filter") is not None
         if self.filtered:
             calls.prepare_filter(binascii.a2b_base64(config["syscall_filter"]))
-            calls.install_filter()
+            if self.joins is None:
+                calls.install_filter()
 
     def _build_dev(self, calls: Syscalls) -> None:
         """The runs' /dev, made once: a small tmpfs of the harmless devices, their usual links and a
@@ -221,6 +239,7 @@ class World:
         # mount points are made in the run's upper layer.
         for source, target in world.get("binds", ()):
             os.makedirs(self.root + target, 0o755, exist_ok=True)
+            self.give_way(self.root, target)
             self.calls.mount(source, self.root + target, None, MS_BIND)
 
     def mount_overlay(self, root: str, layers: list, upper: str, work: str, world: dict) -> None:
@@ -240,6 +259,10 @@ class World:
             ",userxattr,redirect_dir=nofollow,index=off" if self.users else ",redirect_dir=off,index=off"
         )
         self.calls.mount("overlay", root, "overlay", 0, options)
+        if self.joins is not None:
+            # Its "/" is its root's, as where the host root's files are the run root's: a run may
+            # make new dirs there (/results), in its own layer.
+            os.chown(root, self.joins.uid, self.joins.gid)
         for name, how in tops:
             self._mount_top(root, name, how, world)
         for path in self.shown:
@@ -248,8 +271,12 @@ class World:
         self.calls.mount("/proc", root + "/proc", None, MS_BIND | MS_REC)
         self.calls.mount(self.scratch + "/sys", root + "/sys", None, MS_BIND | MS_REC)
         self.calls.mount(self.scratch + "/dev", root + "/dev", None, MS_BIND | MS_REC)
-        # Docker's /dev/shm: a tmpfs of the run's own, 64 MiB.
-        self.calls.mount("tmpfs", root + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64m")
+        # Docker's /dev/shm: a tmpfs of the run's own, 64 MiB, its root's (where the relay stays
+        # the host's root, made so: as in a relay of the runs' user namespace).
+        shm = "mode=1777,size=64m"
+        if self.joins is not None:
+            shm += f",uid={self.joins.uid},gid={self.joins.gid}"
+        self.calls.mount("tmpfs", root + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, shm)
 
     def _mount_top(self, root: str, name: str, how: str, world: dict) -> None:
         """The host's top dir ``name`` in the run's root: its own overlay (its upper and lowers the
@@ -269,6 +296,24 @@ class World:
         self.calls.mount(
             "overlay", target, "overlay", 0, options + ",userxattr,redirect_dir=nofollow,index=off"
         )
+
+    def give_way(self, root: str, path: str) -> None:
+        """Where programs join the runs' user namespace (``joins``): the dirs on the way to
+        ``path`` in the run's ``root`` (not ``/``, not ``path``) that the host's users own, given
+        to the same users of the runs' namespace (a dir of the host's root to the run's root), so
+        that the run reaches its dir or a bound one through them (a root server's temp dirs may be
+        its own alone: 0700). In the run's upper layer (copied up), never on the host."""
+        if self.joins is None:
+            return
+        way = root
+        for part in [part for part in path.split("/") if part][:-1]:
+            way += "/" + part
+            info = os.lstat(way)
+            if info.st_mode & 0o170000 != 0o040000:
+                return  # (a link on the way: the mount that follows fails, or goes where it leads)
+            owner = self.joins.shifted(info.st_uid, info.st_gid)
+            if owner != (info.st_uid, info.st_gid):
+                os.chown(way, *owner, follow_symlinks=False)
 
     def unmount_run(self) -> None:
         """The run's root taken down: unmounted, or (a kept one) its run's dir taken out of it,
@@ -326,16 +371,41 @@ class World:
             kept.drop()
 
     def enter(self, cwd: str) -> None:
-        """In the forked program: into the run's root, with the kept capabilities only."""
+        """In the forked program: into the run's root, with the kept capabilities only (and, where
+        programs join the runs' user namespace, into it first)."""
         _signal.signal(_signal.SIGIO, _signal.SIG_DFL)  # the relay's, not the program's
         if self.kept is not None:
             os.close(self.kept.lock)  # the relay's to hold (a program could unlock it)
             if self.kept.changes is not None:
                 os.close(self.kept.changes)  # (a program could read its changes' events away)
+        if self.joins is not None:
+            self._join_and_enter(cwd)
+            return
         os.chroot(self.current)
         os.chdir(cwd)
         self.calls.set_command_line()
         self.calls.reduce_capabilities()  # (the seccomp filter is the world's: see __init__)
+
+    def _join_and_enter(self, cwd: str) -> None:
+        """:meth:`enter` where the program joins the runs' user namespace (``joins``): its root is
+        opened while the program is the host's root (the way there, the server's temp dirs, may
+        be root's alone), then it joins (a new user namespace cannot be made once chroot'ed, and
+        ``nested`` makes one), chroots into that root, and gives up what the relay gave up for
+        its others: the bounding set (joining gave it a full one), the seccomp filter (installed
+        here: it refuses ``setns``), the capabilities."""
+        root = os.open(self.current, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            self.calls.set_command_line()
+            self.joins.join(self.calls)
+            os.fchdir(root)
+        finally:
+            os.close(root)
+        os.chroot(".")
+        os.chdir(cwd)
+        self.calls.drop_bounding_set(self.keep_caps)
+        if self.filtered:
+            self.calls.install_filter()
+        self.calls.reduce_capabilities()
 
     # The relay is PID 1 of the run's namespace: the run's orphans come to it, and each one that
     # dies must be reaped at once (a zombie still counts against pids.max, and the server answers
