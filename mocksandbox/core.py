@@ -69,7 +69,9 @@ class MockSandbox:
         self.sessions = (
             sessions
             if sessions is not None
-            else SessionManager.create(settings, engine.runner, runs_in_worlds=in_worlds)
+            else SessionManager.create(
+                settings, engine.runner, runs_in_worlds=in_worlds, run_owner=engine.isolation.run_owner()
+            )
         )
         self.confinement = confinement
         self.sleep = sleep
@@ -121,6 +123,7 @@ class MockSandbox:
                 engine.runner,
                 shared_state_dir=shared_state_dir,
                 runs_in_worlds=engine.isolation.mode == "lite",
+                run_owner=engine.isolation.run_owner(),
             )
         except BaseException:
             launcher.close()

@@ -720,8 +720,10 @@ def _start_lite(
             world["userns"] = {"uid": run_uid, "gid": run_uid, "count": RUN_UID_COUNT, "nested": nested}
             if without_idmap:
                 world["userns"]["programs_join"] = True
-                # (Its programs see the host root's files as nobody's: the way to these is theirs.)
-                world["reach"] = _runtime_dirs(settings)
+                # (Its programs see the host root's files as nobody's: the way to these is theirs,
+                # and the server user's home too, as with idmapped mounts: its files keep their
+                # owners, its secrets stay hidden.)
+                world["reach"] = [*_runtime_dirs(settings), os.path.expanduser("~")]
             else:
                 world["mapped_roots"] = _mapped_roots(settings, runs_root.path, tmp_root)
             confinement.delegate_runs_to(run_uid, run_uid)

@@ -123,9 +123,13 @@ class _Worlds:
         ``config["userns"]``, in the runs' user namespace (:meth:`_fork_as_user`), but where the
         kernel alone joins it (``programs_join``: a root server without idmapped mounts; the
         world's PID 1 stays the host's root, as the launcher's relays do)."""
+        users = None
         if (config.get("userns") or {}).get("programs_join"):
             if self.users is None:
                 self.users = self.run_users(config, self.calls)  # (only the namespace: no mounts)
+            users = self.users
+            if config.get("network", "private") == "private":
+                users.network = users.make_network(self.calls)  # (made here: it takes no pid of the world's)
         elif config.get("userns") is not None:
             return self._fork_as_user(config)
         self.calls.unshare(_CLONE_NEWPID)
@@ -133,12 +137,20 @@ class _Worlds:
             pid = os.fork()
         except BaseException:
             self.calls.setns(self.own_pid_namespace, _CLONE_NEWPID)
+            self._forget_network(users)
             raise
         if pid == 0:
             os.close(self.own_pid_namespace)
         else:  # the zygote's next children go where they used to
             self.calls.setns(self.own_pid_namespace, _CLONE_NEWPID)
+            self._forget_network(users)  # (the world's PID 1 has it)
         return pid
+
+    @staticmethod
+    def _forget_network(users: Any) -> None:
+        if users is not None and users.network is not None:
+            os.close(users.network)
+            users.network = None
 
     def _fork_as_user(self, config: dict[str, Any]) -> int:
         """A child that joins the runs' user namespace (made here once, as the launcher makes it

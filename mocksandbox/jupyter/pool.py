@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from mocksandbox.execution.world import run_owner_of
 from mocksandbox.jupyter.kernel import (
     Kernel,
     KernelConnection,
@@ -70,6 +71,11 @@ class KernelStarter:
             # (a name as SandboxFusion's kernels get).
             work = (kernel_dir / "work", os.path.join(self.view_tmp_root, "tmp" + secrets.token_hex(4)))
             work[0].mkdir(mode=0o700)
+            owner = run_owner_of(self.launcher.world)
+            if owner is not None:
+                # Its connection file and work dir are its own (as where the host root's files are
+                # the run root's: a root server's runs without idmapped mounts).
+                owner.give_tree(str(kernel_dir))
         try:
             process = self.launcher.launch(connection_file, kernel_dir, deadline, work)
         except BaseException:

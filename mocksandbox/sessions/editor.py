@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,11 +67,20 @@ def make_output(snippet: str, description: str, start_line: int = 1) -> str:
 class Editor:
     """One session's editor: real files under ``paths.root``, agent paths in and out."""
 
-    def __init__(self, paths: PathMap, history_file: Path, workspace_root: str) -> None:
+    def __init__(
+        self,
+        paths: PathMap,
+        history_file: Path,
+        workspace_root: str,
+        made: Callable[[Path], None] | None = None,
+    ) -> None:
         self.paths = paths
         self.history_file = history_file
         #: The agent's working directory, for "Maybe you meant ...?" on a relative path.
         self.workspace_root = workspace_root
+        #: Called with each file or dir the editor makes (the topmost of new dirs): the session's
+        #: commands may then change it (``SessionManager._give_to_commands``).
+        self.made = made
         self._lock = threading.Lock()
 
     # -- entry point ----------------------------------------------------------------------------
@@ -101,8 +111,14 @@ class Editor:
             file_text = params.get("file_text")
             if file_text is None:
                 raise _missing(command, "file_text")
+            new = real if not real.parent.exists() else None
+            while new is not None and not new.parent.exists():
+                new = new.parent
             real.parent.mkdir(parents=True, exist_ok=True)
+            existed = real.exists()
             self._write(real, shown, file_text)
+            if self.made is not None and (new is not None or not existed):
+                self.made(new if new is not None else real)
             self._push_history(real, file_text)
             return f"File created successfully at: {shown}"
         if command == "str_replace":

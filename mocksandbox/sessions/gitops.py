@@ -5,6 +5,9 @@ run directly with ``subprocess``; what the model asks for runs through the execu
 Every call runs with the user's and the system's git config switched off, so that a host's
 ``~/.gitconfig`` (signing, hooks, pagers) cannot change what a patch or a commit looks like, and
 with ``GIT_CEILING_DIRECTORIES`` so that git never climbs out of a session into an enclosing repo.
+Every repository is taken as safe (``safe.directory``): a session's is its commands' uid's where
+the server gives them what it made (a root server's worlds without idmapped mounts), and git
+would otherwise refuse a repository another user owns.
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ def run_git(
     check: bool = True,
 ) -> subprocess.CompletedProcess[bytes]:
     """``git <args>`` in ``cwd``; raises :class:`GitError` on failure when ``check``."""
-    argv = ["git", "-c", "gc.auto=0", "-c", "core.fsmonitor=false", *args]
+    argv = ["git", "-c", "gc.auto=0", "-c", "core.fsmonitor=false", "-c", "safe.directory=*", *args]
     done = subprocess.run(
         argv,
         cwd=cwd,
@@ -78,7 +81,7 @@ def run_git(
     )
     if check and done.returncode != 0:
         message = done.stderr.decode("utf-8", "replace").strip() or done.stdout.decode("utf-8", "replace")
-        raise GitError(f"git {' '.join(argv[5:])} failed in {cwd}: {message}")
+        raise GitError(f"git {' '.join(argv[7:])} failed in {cwd}: {message}")
     return done
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from mocksandbox.execution.engine import CommandRunner, program_environment
+from mocksandbox.execution.world import RunOwner
 from mocksandbox.sessions.actions import (
     ActionError,
     DiffBlock,
@@ -134,12 +135,17 @@ class SessionManager:
         executor: SessionExecutor,
         clock: Callable[[], float] = time.time,
         runs_in_worlds: bool = False,
+        run_owner: RunOwner | None = None,
     ) -> None:
         self.config = config
         self.registry = registry
         self.executor = executor
         #: The server gives its runs worlds of their own (isolation ``lite``): so can the sessions.
         self.runs_in_worlds = runs_in_worlds
+        #: Whom what the server makes for a command in a world is given to, where what it writes
+        #: as itself would not be the command's own (``RunOwner``: a root server's runs without
+        #: idmapped mounts), else ``None``.
+        self.run_owner = run_owner
         #: Wall-clock time: TTLs must survive a restart, which monotonic time does not.
         self.clock = clock
         self._lock = threading.RLock()
@@ -164,13 +170,15 @@ class SessionManager:
         clock: Callable[[], float] = time.time,
         shared_state_dir: bool = False,
         runs_in_worlds: bool = False,
+        run_owner: RunOwner | None = None,
     ) -> SessionManager:
         """The session layer for ``settings``: instances loaded and checked, executor chosen.
 
         ``shared_state_dir``: this is one of several worker processes over ``settings.state_dir``,
         which the process that started them prepared and locked (:func:`open_shared_state_dir`):
         no lock and no recovery here, and every session is locked across processes.
-        ``runs_in_worlds``: ``runner`` makes worlds (the engine's isolation is ``lite``)."""
+        ``runs_in_worlds``: ``runner`` makes worlds (the engine's isolation is ``lite``);
+        ``run_owner``: whom what the server makes for them is given to (``Isolation.run_owner``)."""
         registry = InstanceRegistry.from_paths(settings.instances_dirs)
         config = SessionConfig.from_settings(settings)
         executor: SessionExecutor
@@ -181,7 +189,9 @@ class SessionManager:
             base_env["PATH"] = f"{Path(config.python).parent}:{base_env.get('PATH', os.defpath)}"
             executor = LocalExecutor(runner, base_env)
         local = isinstance(executor, LocalExecutor)
-        manager = cls(config, registry, executor, clock, runs_in_worlds=runs_in_worlds and local)
+        manager = cls(
+            config, registry, executor, clock, runs_in_worlds=runs_in_worlds and local, run_owner=run_owner
+        )
         manager._shared = shared_state_dir
         if config.state_dir is not None:
             manager._ensure_open()
@@ -291,6 +301,8 @@ class SessionManager:
                 (root / "tmp").mkdir(parents=True)
                 (root / "ctl").mkdir()
                 copy_repo(base, root / "workspace" / instance.workspace_name)
+                for name in ("tmp", "ctl", "workspace"):  # (the dirs its commands work in)
+                    self._give_to_commands(root / name)
         except BaseException:
             shutil.rmtree(root, ignore_errors=True)
             with store.transaction() as db:
@@ -315,6 +327,7 @@ class SessionManager:
                         workspace.paths,
                         workspace.ctl / "editor_history.json",
                         workspace.instance.workspace_path,
+                        made=self._give_to_commands,
                     )
                     output = editor.run(action.params)
                 else:
@@ -403,6 +416,7 @@ class SessionManager:
                 self.config.reward_mode,
                 tests_known_to_run=instance.instance_id in self._tests_run,
                 in_world=self.isolation()[0] == "world",
+                give=self._give_to_commands,
             )
         except ScoringError as exc:
             # Not cached: the next call scores again (once the environment is fixed, it succeeds).
@@ -606,10 +620,18 @@ class SessionManager:
             for name in ("workspace", "tmp"):
                 (probe / name).mkdir()
             (probe / "workspace" / "seen").write_text("")
+            if self.run_owner is not None:
+                for name in ("workspace", "tmp"):
+                    self.run_owner.give_tree(str(probe / name))
             world = RunWorld(
                 probe / "world", ((str(probe / "workspace"), MOUNT_POINT), (str(probe / "tmp"), "/tmp"))
             )
-            script = f"test -e {MOUNT_POINT}/seen && touch /tmp/probe /etc/mocksandbox-probe"
+            # (Without idmapped mounts the host root's /etc is read-only to a command: refused, the
+            # write reaches the host no more than where it lands in the command's layer.)
+            script = (
+                f"test -e {MOUNT_POINT}/seen && touch /tmp/probe && "
+                "{ touch /etc/mocksandbox-probe 2>/dev/null; true; }"
+            )
             ran = self.executor.run(probe, script, MOUNT_POINT, 30.0, {}, world=world)
             if ran.error or ran.exit_code != 0 or not (probe / "tmp" / "probe").exists():
                 said = (ran.error or ran.output).strip() or f"exit status {ran.exit_code}"
@@ -619,6 +641,14 @@ class SessionManager:
             return None
         finally:
             shutil.rmtree(probe, ignore_errors=True)
+
+    def _give_to_commands(self, path: Path) -> None:
+        """``path`` and what is below it given to the uid of the session's commands, where they run
+        in worlds and what the server writes as itself would not be theirs (``run_owner``): the
+        model's commands change what the server made (its repository, files the editor or a patch
+        made), as where the host root's files are the run root's."""
+        if self.run_owner is not None and self.isolation()[0] == "world" and path.exists():
+            self.run_owner.give_tree(str(path))
 
     def _execute_bash(self, workspace: _Workspace, params: Mapping[str, Any]) -> str:
         command = str(params.get("command", ""))
@@ -693,6 +723,7 @@ class SessionManager:
             applied = apply_patch(workspace.repo, patch, ceiling=workspace.root)
         except GitError as exc:
             return f"ERROR: the patch could not be applied: {workspace.paths.to_agent(str(exc))}"
+        self._give_to_commands(workspace.repo)  # (the files it made: the model's commands edit them)
         text = workspace.paths.to_agent(applied.output).strip()
         if applied.ok:
             return text or "The patch was applied."

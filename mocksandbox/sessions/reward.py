@@ -25,7 +25,7 @@ import re
 import shlex
 import shutil
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -112,12 +112,14 @@ def score(
     mode: RewardMode = "f2p",
     tests_known_to_run: bool = False,
     in_world: bool = False,
+    give: Callable[[Path], None] | None = None,
 ) -> RewardResult:
     """Score ``patch`` (the model's ``git diff`` against the base; ``None`` if none was taken).
 
     ``tests_known_to_run``: this instance's tests were seen to report results here before, so a
     run in which none does is the patch's doing (no check at the base state is made).
-    ``in_world``: the tests run in a world of their own (see ``isolation.RunWorld``)."""
+    ``in_world``: the tests run in a world of their own (see ``isolation.RunWorld``); ``give``: what
+    gives a checkout to the tests' uid there before they run (``SessionManager._give_to_commands``)."""
     f2p, p2p = list(instance.fail_to_pass), list(instance.pass_to_pass)
     patch_exists = bool(patch and patch.strip())
     result = RewardResult(
@@ -144,7 +146,7 @@ def score(
             if not applied.ok:
                 return result
         result.patch_successfully_applied = patch_exists
-        ran = _run_tests(instance, base_repo, base_sha, executor, root, python, env, timeout, in_world)
+        ran = _run_tests(instance, base_repo, base_sha, executor, root, python, env, timeout, in_world, give)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     result.log += ran.output
@@ -164,7 +166,7 @@ def score(
             base_root.mkdir(parents=True)
             try:
                 base_ran = _run_tests(
-                    instance, base_repo, base_sha, executor, base_root, python, env, timeout, in_world
+                    instance, base_repo, base_sha, executor, base_root, python, env, timeout, in_world, give
                 )
             finally:
                 shutil.rmtree(base_root, ignore_errors=True)
@@ -209,6 +211,7 @@ def _run_tests(
     env: Mapping[str, str],
     timeout: float,
     in_world: bool = False,
+    give: Callable[[Path], None] | None = None,
 ) -> ExecResult:
     """In ``root/repo`` (a base checkout is made if there is none): the test files back to the base
     and the test patch on top (as SWE-bench's eval script does), then F2P + P2P under pytest; in a
@@ -221,6 +224,8 @@ def _run_tests(
             f"instance {instance.instance_id}: its test_patch does not apply: {applied.output}"
         )
     tests = list(instance.fail_to_pass) + list(instance.pass_to_pass)
+    if give is not None:
+        give(repo)  # (pytest writes its caches beside the tests)
     world = RunWorld(root / "world", ((str(repo), str(repo)),)) if in_world else None
     return executor.run(root, pytest_script(python, tests), repo, timeout, env, world=world)
 

@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -64,27 +65,49 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return home
 
 
-@pytest.fixture(scope="module")
-def server(home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
-    saved = {
-        name: os.environ.get(name) for name in ("HOME", "MY_SERVICE_API_TOKEN", "HF_TOKEN", "KEEP_ME_TOKEN")
-    }
-    os.environ.update(
-        {
-            "HOME": str(home),
-            "MY_SERVICE_API_TOKEN": "CANARY-ENV",
-            "HF_TOKEN": "CANARY-HF",
-            "KEEP_ME_TOKEN": "kept",
-        }
-    )
+#: As root, the servers here run twice: with idmapped mounts (``auto``: this machine's kernel takes
+#: them) and without (``off``: what a kernel before 6.3, whose tmpfs refuses them, gives: runs join
+#: their user namespace themselves, and the host root's files are nobody's to them).
+IDMAPPED_MOUNTS = ["auto", "off"] if os.geteuid() == 0 else ["auto"]
+
+
+@pytest.fixture(scope="module", params=IDMAPPED_MOUNTS, ids=lambda mode: f"idmapped-mounts-{mode}")
+def idmapped_mounts(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@contextmanager
+def environment(**values: str) -> Iterator[None]:
+    """``os.environ`` with ``values`` while a server starts (it inherits them), as it was after."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
     try:
-        process = start_serve("--run-env-keep", "KEEP_ME_TOKEN", pid_namespace=True)
+        yield
     finally:
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def without_idmapped_mounts(server: ServeProcess) -> bool:
+    """Whether the server's runs are its unprivileged uid without idmapped mounts (the banner says
+    so): the host root's files are nobody's to a run then, and read-only to it."""
+    return "without idmapped mounts" in "".join(server.banner)
+
+
+@pytest.fixture(scope="module")
+def server(home: Path, idmapped_mounts: str) -> Iterator[ServeProcess]:
+    with environment(
+        HOME=str(home),
+        MY_SERVICE_API_TOKEN="CANARY-ENV",
+        HF_TOKEN="CANARY-HF",
+        KEEP_ME_TOKEN="kept",
+        MOCKSANDBOX_IDMAPPED_MOUNTS=idmapped_mounts,
+    ):
+        process = start_serve("--run-env-keep", "KEEP_ME_TOKEN", pid_namespace=True)
+    assert without_idmapped_mounts(process) == (idmapped_mounts == "off" and os.geteuid() == 0)
     yield process
     stop_serve(process.process)
 
@@ -97,18 +120,25 @@ def test_the_banner_says_what_is_in_force(server: ServeProcess) -> None:
 
 
 def test_a_run_is_root_only_in_a_user_namespace_of_its_own(server: ServeProcess) -> None:
-    """In its world a run is root, as on SandboxFusion, and the image's files are root's; on the
-    host its processes are an unprivileged uid (the kernel says so: read from this side)."""
+    """In its world a run is root, as on SandboxFusion, and the image's files are root's (without
+    idmapped mounts: nobody's, and read-only to it); on the host its processes are an unprivileged
+    uid (the kernel says so: read from this side)."""
     run_uid = run_uid_of(server)
     assert run_uid != 0
     code = (
         "id -u; id -g; stat -c '%u %g' /usr/bin/env /etc; cat /proc/self/uid_map\n"
-        "touch /usr/bin/planted-here && stat -c %u /usr/bin/planted-here\n"
+        "touch /usr/bin/planted-here 2>/dev/null && stat -c %u /usr/bin/planted-here || echo refused\n"
+        "stat -c '%u %g' / .\n"
     )
     lines = stdout_of(server.run(code, language="bash")).splitlines()
-    assert lines[:4] == ["0", "0", "0 0", "0 0"]
+    image, planted = "0 0", "0"
+    if without_idmapped_mounts(server):
+        nobody = Path("/proc/sys/kernel/overflowuid").read_text().strip()
+        image, planted = f"{nobody} {Path('/proc/sys/kernel/overflowgid').read_text().strip()}", "refused"
+    assert lines[:4] == ["0", "0", image, image]
     assert lines[4].split() == ["0", str(run_uid), "65536"]
-    assert lines[5] == "0"
+    assert lines[5] == planted
+    assert lines[6:] == ["0 0", "0 0"]  # its root and its dir are its own either way
     uids, gids = a_runs_ids_on_the_host(server)
     assert (uids.real, uids.effective, uids.saved) == (run_uid,) * 3
     assert (gids.real, gids.effective) == (run_uid,) * 2
@@ -175,17 +205,32 @@ def test_a_run_makes_no_namespaces_and_mounts_nothing(server: ServeProcess) -> N
 def test_host_files_can_be_neither_changed_nor_planted(server: ServeProcess, tmp_path: Path) -> None:
     canary = tmp_path / "canary"
     canary.write_text("keep me")
+    tmp_path.chmod(0o755)  # (in the view of a run without idmapped mounts too, which is not root's)
     planted = [f"/etc/mocksandbox-planted-{os.getpid()}", f"/root/mocksandbox-planted-{os.getpid()}"]
     code = (
         "import os, shutil\n"
-        f"os.remove({str(canary)!r})\n"
+        f"print(open({str(canary)!r}).read())\n"  # (the canary is in the run's view)
+        "def attempt(change, *args):\n"
+        "    try:\n"
+        "        change(*args)\n"
+        "    except OSError as error:\n"
+        "        print(type(error).__name__)\n"
+        f"attempt(os.remove, {str(canary)!r})\n"
         f"shutil.rmtree({str(tmp_path)!r}, ignore_errors=True)\n"
-        f"for path in {planted!r}: open(path, 'w').write('x')\n"
+        f"for path in {planted!r}: attempt(lambda: open(path, 'w').write('x'))\n"
         "open('/tmp/left-by-a-run', 'w').write('x')\n"
         f"print(os.path.exists({str(canary)!r}), all(os.path.exists(p) for p in {planted!r}))"
     )
     answer = server.run(code, files={"/opt/planted-by-files": base64.b64encode(b"x").decode()})
-    assert stdout_of(answer) == "False True\n", answer
+    # Changed in its own view, copy-on-write; without idmapped mounts the host root's files and
+    # dirs are nobody's to it, and the kernel refuses even that (but in /root, where a root
+    # server's Python is, whose way is the run root's then, as the idmapped view shows it).
+    lines = stdout_of(answer).splitlines()
+    if without_idmapped_mounts(server):
+        assert lines[:3] == ["keep me", "PermissionError", "PermissionError"], answer
+        assert lines[-1] == "True False", answer
+    else:
+        assert lines == ["keep me", "False True"], answer
     assert canary.read_text() == "keep me"
     assert not any(os.path.exists(path) for path in [*planted, "/opt/planted-by-files"])
     # A later run sees nothing an earlier one wrote, in /tmp or anywhere.
@@ -284,7 +329,10 @@ def test_a_run_sees_and_signals_only_its_own_processes(server: ServeProcess) -> 
         "import os, signal\n"
         "pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
         "print(pids[0], os.getpid() in pids, len(pids) < 5)\n"
-        "os.kill(1, signal.SIGKILL)\n"
+        "try:\n"
+        "    os.kill(1, signal.SIGKILL)\n"
+        "except PermissionError:\n"
+        "    pass  # (a relay that is the host's root: runs without idmapped mounts)\n"
         "try:\n"
         "    os.kill(-1, signal.SIGKILL)\n"
         "except ProcessLookupError:\n"
@@ -348,17 +396,21 @@ def test_fork_bomb_and_memory_hog_leave_the_server_answering(server: ServeProces
     assert stdout_of(server.run("print('alive')")) == "alive\n"
 
 
-def test_a_server_killed_with_sigkill_starts_again_and_answers_its_first_run(tmp_path: Path) -> None:
+def test_a_server_killed_with_sigkill_starts_again_and_answers_its_first_run(
+    tmp_path: Path, idmapped_mounts: str
+) -> None:
     """A server killed with SIGKILL leaves its cgroups and its runs' tmpfs; the next one, with the
     same pid (PID 1 of its namespace, as in every container), steps around or reclaims them."""
-    first = start_serve(pid_namespace=True, runs_dir=tmp_path)
+    with environment(MOCKSANDBOX_IDMAPPED_MOUNTS=idmapped_mounts):
+        first = start_serve(pid_namespace=True, runs_dir=tmp_path)
     try:
         assert stdout_of(first.run("print(1)")) == "1\n"
     finally:
         os.killpg(first.process.pid, signal.SIGKILL)
         first.process.wait()
     leftovers = [p for p in tmp_path.iterdir() if p.name.startswith("mocksandbox-")]
-    second = start_serve(pid_namespace=True, runs_dir=tmp_path)
+    with environment(MOCKSANDBOX_IDMAPPED_MOUNTS=idmapped_mounts):
+        second = start_serve(pid_namespace=True, runs_dir=tmp_path)
     try:
         assert stdout_of(second.run("print(2)")) == "2\n"
         assert stdout_of(second.run("print(3)", language="python")) == "3\n"
@@ -383,10 +435,11 @@ def test_isolation_none_is_todays_behaviour(tmp_path: Path) -> None:
     assert marker.read_text() == "x"
 
 
-def test_a_killed_server_leaves_no_program_running(tmp_path: Path) -> None:
+def test_a_killed_server_leaves_no_program_running(tmp_path: Path, idmapped_mounts: str) -> None:
     """The relay of a world is PID 1 of the run's namespace and watches the server: when the server
     dies mid-run (SIGKILL, the OOM killer), the run's processes die with it."""
-    server = start_serve()
+    with environment(MOCKSANDBOX_IDMAPPED_MOUNTS=idmapped_mounts):
+        server = start_serve()
     marker = f"{os.getpid()}{time.monotonic_ns() % 10**6}"
     code = f"import subprocess, time\nsubprocess.Popen(['sleep', '300.{marker}'])\ntime.sleep(300)"
     pool = ThreadPoolExecutor(1)
@@ -468,7 +521,11 @@ def test_swedev_sessions_run_in_worlds_of_their_own(
     )
     canary = tmp_path / "canary"
     canary.write_text("keep me")
+    # Written outside /workspace, in the session's layer: in the image's /etc, or (without idmapped
+    # mounts, where the host root's dirs are read-only to a command) in its root, which is its own.
     planted = f"/etc/mocksandbox-session-{os.getpid()}"
+    if without_idmapped_mounts(server):
+        planted = f"/mocksandbox-session-{os.getpid()}"
     api_port = int(server.url.rsplit(":", 1)[1])
 
     def bash(sid: object, command: str) -> str:
@@ -511,12 +568,20 @@ def test_jupyter_kernels_run_in_worlds_of_their_own(server: ServeProcess, tmp_pa
         pytest.skip("no ipykernel for the server's interpreter")
     canary = tmp_path / "canary"
     canary.write_text("keep me")
+    tmp_path.chmod(0o755)  # (in the view of a kernel without idmapped mounts too, which is not root's)
     planted = f"/etc/mocksandbox-kernel-{os.getpid()}"
     api_port = int(server.url.rsplit(":", 1)[1])
     cells = [
+        # (Changed in its own view, copy-on-write; without idmapped mounts the host root's files are
+        # nobody's to it, and the kernel refuses even that.)
         "import os, signal, socket\n"
-        f"os.remove({str(canary)!r})\n"
-        f"open({planted!r}, 'w').write('x')\n"
+        "def attempt(change):\n"
+        "    try:\n"
+        "        change()\n"
+        "    except PermissionError:\n"
+        f"        assert {without_idmapped_mounts(server)!r}\n"
+        f"attempt(lambda: os.remove({str(canary)!r}))\n"
+        f"attempt(lambda: open({planted!r}, 'w').write('x'))\n"
         "print(os.getcwd().startswith('/tmp/tmp'), sorted(int(p) for p in os.listdir('/proc') if p.isdigit())[:2])",
         f"print(os.listdir({str(home / '.ssh')!r}))\n"
         "try:\n"
@@ -572,11 +637,13 @@ def test_a_jupyter_kernel_is_root_only_in_a_user_namespace_of_its_own(server: Se
     assert outside == str(run_uid_of(server))
 
 
-def test_a_killed_kernels_fork_server_leaves_no_kernel_running() -> None:
+def test_a_killed_kernels_fork_server_leaves_no_kernel_running(idmapped_mounts: str) -> None:
     """A kernel's world hangs from a child of the kernels' fork server (the zygote) that joined the
-    runs' user namespace: when the zygote is killed mid-cell, that child, its world and the kernel
+    runs' user namespace (without idmapped mounts: from the world's PID 1, the host's root, whose
+    kernel joins it): when the zygote is killed mid-cell, that child, its world and the kernel
     die too (their parent-death signals are set after the change of credentials that clears them)."""
-    server = start_serve(pid_namespace=True)
+    with environment(MOCKSANDBOX_IDMAPPED_MOUNTS=idmapped_mounts):
+        server = start_serve(pid_namespace=True)
     pool = ThreadPoolExecutor(1)
     try:
         if "jupyter: off" in "".join(server.banner):

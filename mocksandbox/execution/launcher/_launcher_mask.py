@@ -11,8 +11,9 @@ dir of it is a layer of its own (:func:`host_tops`) and the mask holds the top o
 
 Where programs join the runs' user namespace themselves (a root server without idmapped mounts),
 the host root's dirs are nobody's to a run: the mask holds the dirs on the way to what a run must
-reach (the user's Python, the runtime: ``world["reach"]``, which a root server may keep under its
-0700 home), given to the run's root, as an idmapped view would show them.
+reach (the user's Python, the runtime, the server user's home: ``world["reach"]``, which a root
+server may keep under its 0700 home), given to the run's root, as an idmapped view would show them,
+and what it hides is the run root's too (it looks empty, not out of reach).
 """
 
 import os
@@ -141,7 +142,7 @@ class Mask:
         for part in [part for part in path.split("/") if part]:
             way += "/" + part
             target = self._dir(way, False)
-            info = os.stat(way)
+            info = os.stat(self.host + way)
             owner = self.joins.shifted(info.st_uid, info.st_gid)
             if owner != (os.stat(target).st_uid, os.stat(target).st_gid):
                 os.chown(target, *owner)
@@ -153,12 +154,16 @@ class Mask:
         except OSError:
             return False  # nothing there to hide (a run may make it, in its own layer)
         if info.st_mode & 0o170000 == 0o040000:  # a dir
-            self._dir(path, True)
+            target = self._dir(path, True)
         else:
             self._dir(os.path.dirname(path), False)
-            fd = os.open(self.path + path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, info.st_mode & 0o7777)
+            target = self.path + path
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, info.st_mode & 0o7777)
             os.close(fd)
-            self._chown(self.path + path, info.st_uid, info.st_gid)
+            self._chown(target, info.st_uid, info.st_gid)
+        if self.joins is not None:
+            # Empty to the run, as where the host root's files are its root's: not out of its reach.
+            self._chown(target, *self.joins.shifted(info.st_uid, info.st_gid))
         return True
 
     def refresh(self, before_change) -> None:

@@ -204,14 +204,27 @@ def fork_relay(own_pid_namespace: "int | RunUsers | None") -> int:
         if said:
             raise OSError(int(said), "cannot start a relay in the runs' user namespace")
         return pid
+    users = state.USERS
+    if users is not None and state.WORLD_CONFIG.get("network", "private") == "private":
+        # Relays that stay the host's root (their programs join the runs' user namespace): a network
+        # namespace of that user namespace, made here, where its maker takes no pid of the relay's.
+        users.network = users.make_network(state.SYSCALLS)
     state.SYSCALLS.unshare(CLONE_NEWPID)
     try:
         pid = os.fork()
     except BaseException:
         state.SYSCALLS.setns(own_pid_namespace, CLONE_NEWPID)
+        _forget_network(users)
         raise
     if pid == 0:
         os.close(own_pid_namespace)
     else:
         state.SYSCALLS.setns(own_pid_namespace, CLONE_NEWPID)
+        _forget_network(users)  # (the relay has it)
     return pid
+
+
+def _forget_network(users: "RunUsers | None") -> None:
+    if users is not None and users.network is not None:
+        os.close(users.network)
+        users.network = None

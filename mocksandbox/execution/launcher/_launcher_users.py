@@ -66,6 +66,9 @@ class RunUsers:
         self.nested = bool(users.get("nested"))
         #: Relays stay the host's root; each program joins the namespace (see the class).
         self.programs_join = bool(users.get("programs_join"))
+        #: Then: the network namespace made for the next world's PID 1 (:meth:`make_network`), set
+        #: by the process that forks it, around its fork.
+        self.network: int | None = None
         self.userns = self.base = -1
         #: The server's uid as the relays' parent namespace sees it.
         self.outside_uid, self.outside_gid = self.uid, self.gid
@@ -183,12 +186,13 @@ class RunUsers:
         if self.nested:
             _nest(calls)
 
-    def enter_own_network(self, calls: Syscalls) -> None:
-        """In a relay that stays the host's root (``programs_join``), before it has a /proc of its
-        own: into a new network namespace that belongs to the runs' user namespace, so that a
-        run's root has the capabilities it keeps over its network (binding ports below 1024, raw
-        sockets), as in a relay of that namespace. A child joins the namespace and makes it; this
-        process enters it through the child's pidfd (the host's root may enter any)."""
+    def make_network(self, calls: Syscalls) -> int:
+        """Where programs join the namespace (``programs_join``): a descriptor of a new network
+        namespace that belongs to the runs' user namespace, for a world's PID 1 that stays the
+        host's root to enter (:meth:`enter_own_network`), so that a run's root has the capabilities
+        it keeps over its network there (binding ports below 1024, raw sockets), as in a relay of
+        that user namespace. A child joins the user namespace and makes it; this process (the one
+        that forks worlds' PID 1s, so that the child takes no pid of theirs) opens it."""
         made_r, made_w = os.pipe()
         done_r, done_w = os.pipe()
         pid = os.fork()
@@ -199,7 +203,7 @@ class RunUsers:
                 calls.setns(self.userns, CLONE_NEWUSER)
                 calls.unshare(CLONE_NEWNET)
                 os.write(made_w, b"n")
-                os.read(done_r, 1)  # until the relay is in it
+                os.read(done_r, 1)  # until its namespace is held
             finally:
                 os._exit(0)
         os.close(made_w)
@@ -207,11 +211,7 @@ class RunUsers:
         try:
             if os.read(made_r, 1) != b"n":
                 raise OSError(errno.EPERM, "cannot make a network namespace of the runs' user namespace")
-            pidfd = os.pidfd_open(pid)
-            try:
-                calls.setns(pidfd, CLONE_NEWNET)
-            finally:
-                os.close(pidfd)
+            return os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         finally:
             os.close(done_w)
             os.close(made_r)
@@ -223,6 +223,17 @@ class RunUsers:
                     continue
                 except ChildProcessError:
                     break
+
+    def enter_own_network(self, calls: Syscalls) -> None:
+        """In a world's PID 1 that stays the host's root (``programs_join``): into the network
+        namespace its forker made for it (``network``, made by :meth:`make_network`)."""
+        if self.network is None:
+            raise OSError(errno.EINVAL, "no network namespace was made for this world")
+        network, self.network = self.network, None
+        try:
+            calls.setns(network, CLONE_NEWNET)
+        finally:
+            os.close(network)
 
 
 def _nest(calls: Syscalls) -> None:
