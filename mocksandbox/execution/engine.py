@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import math
 import os
+import re
 import shlex
 import shutil
 import tempfile
@@ -650,16 +651,14 @@ def _start_engine(
 
 
 def why_no_idmapped_mounts(exc: BaseException) -> str:
-    """What a failed start of runs with idmapped mounts says of why (the launcher names the file
-    system that refused: ``this kernel's tmpfs refuses idmapped mounts (...)``), in short."""
-    said = str(exc)
-    for prefix in ("mocksandbox launcher: ", "cannot make the runs' user namespace: "):
-        said = said.split(prefix, 1)[-1]
-    if said.startswith("[Errno "):
-        said = said.split("] ", 1)[-1]
-    if "refuses idmapped mounts" in said:
-        return said.replace("refuses idmapped mounts", "refuses them", 1)
-    return f"their start-up run failed: {said}"
+    """What a failed start of runs with idmapped mounts says of why, in short: the file system the
+    kernel refused them for, as the launcher names it (``this kernel's tmpfs refuses them (...)``),
+    or what failed."""
+    said = str(exc).removesuffix(" | None")  # (the runner says a failed launch as SandboxFusion does)
+    refused = re.search(r"this kernel's (.+?) refuses idmapped mounts \(([^()]*)\)", said)
+    if refused is not None:
+        return f"this kernel's {refused.group(1)} refuses them ({refused.group(2)})"
+    return f"their start-up run failed: {said.split('mocksandbox launcher: ')[-1]}"
 
 
 def _start_lite(

@@ -80,8 +80,10 @@ class ServeProcess:
 #: ``root`` (root with this machine's cgroups), ``root-without-cgroups`` (root, no cgroup writable:
 #: what a cgroup v2 host without delegation gives), ``ordinary-user`` (``nobody``, with unprivileged
 #: user namespaces), ``pid-namespace-child`` (root, pid 2 of a PID namespace, as in a container
-#: under tini or ``sh -c``). Each runs in a PID namespace of its own.
-HOST_SHAPES = ("root", "root-without-cgroups", "ordinary-user", "pid-namespace-child")
+#: under tini or ``sh -c``), ``root-without-idmap`` (root on a kernel whose tmpfs refuses idmapped
+#: mounts, before 6.3: Debian 12, Ubuntu 22.04, RHEL 9; made so by ``idmapped_mounts: off``). Each
+#: runs in a PID namespace of its own.
+HOST_SHAPES = ("root", "root-without-cgroups", "ordinary-user", "pid-namespace-child", "root-without-idmap")
 #: The uid an ``ordinary-user`` server runs as.
 ORDINARY_UID = 65534
 
@@ -132,6 +134,8 @@ def shape_command(shape: str, command: list[str], home: Path | None = None) -> l
         script = 'mount -t tmpfs -o ro,mode=0555 none /sys/fs/cgroup && exec "$@"'
     elif shape == "pid-namespace-child":
         script = '"$@" & wait $!'  # the server is pid 2; sh stays PID 1
+    elif shape == "root-without-idmap":
+        script = 'MOCKSANDBOX_IDMAPPED_MOUNTS=off exec "$@"'
     elif shape == "ordinary-user":
         assert home is not None, "an ordinary user's server needs a home of its own"
         script = _reachable_for(

@@ -1,7 +1,7 @@
 """The hostile suite on every host shape this machine can make (issue 34): a real ``mocksandbox
 serve`` with its default settings started as root, as root with no writable cgroup, as an ordinary
-user (``nobody``), and as pid 2 of a PID namespace (a container's shape), each with hostile
-programs sent over HTTP.
+user (``nobody``), as pid 2 of a PID namespace (a container's shape), and as root on a kernel
+that refuses idmapped mounts (``idmapped_mounts: off``), each with hostile programs sent over HTTP.
 
 Every server runs in a PID namespace of the test's own (:func:`serve_process.shape_command`), and
 every canary (files, a home with credentials, a loopback listener) is the test's own, so that a
@@ -122,6 +122,8 @@ def test_runs_are_never_the_hosts_root(server: ServeProcess, shape: str) -> None
     assert run_uid != 0
     if shape == "ordinary-user":
         assert run_uid == ORDINARY_UID
+    # Which way it holds: through idmapped mounts where this kernel takes them, else without.
+    assert ("without idmapped mounts" in text) == (shape == "root-without-idmap"), text
     assert stdout_of(server.run("id -u", language="bash")) == "0\n"  # root in its world, as on SandboxFusion
     # ... and that uid on the host, as the kernel says from this side.
     uids, _ = a_runs_ids_on_the_host(server)
@@ -135,10 +137,15 @@ def test_host_files_can_be_neither_changed_nor_planted(
     planted = [f"/etc/mocksandbox-planted-{os.getpid()}", str(home / "planted")]
     # Were the protection off (a mutation run), the canary must not outlive the test.
     request.addfinalizer(lambda: [os.remove(path) for path in planted if os.path.exists(path)])
+    # (Changed in the run's own view, copy-on-write, or refused where the host root's files are
+    # nobody's to it: root-without-idmap.)
     code = (
         "import os, shutil\n"
         f"print(open({str(notes)!r}).read(), end='')\n"  # (the canary is in the run's view)
-        f"open({str(notes)!r}, 'w').write('changed')\n"
+        "try:\n"
+        f"    open({str(notes)!r}, 'w').write('changed')\n"
+        "except PermissionError:\n"
+        "    pass\n"
         f"for path in {planted!r}:\n"
         "    try:\n"
         "        open(path, 'w').write('x')\n"
@@ -299,6 +306,10 @@ def test_doctor_tells_the_truth(shape: str, home: Path, server: ServeProcess) ->
         start_new_session=True,
     )
     rows = dict(re.findall(r"^([a-z][a-z -]+?)\s{2,}(yes|partly|no)\s", done.stdout, re.M))
+    without_idmap = re.search(r"^non-root uid .*without idmapped mounts: (.*)$", done.stdout, re.M)
+    assert bool(without_idmap) == (shape == "root-without-idmap"), done.stdout
+    if without_idmap:
+        assert "the setting idmapped_mounts is off" in without_idmap.group(1), done.stdout
     assert set(rows) == {*PROVED, "memory bound", "scratch bound"}, done.stdout + done.stderr
     assert {name: rows[name] for name in PROVED} == dict.fromkeys(PROVED, "yes"), done.stdout
     bounds = "partly" if shape in WITHOUT_CGROUPS else "yes"
@@ -314,7 +325,10 @@ def test_a_jupyter_kernel_is_in_a_world_as_a_run_is(server: ServeProcess, home: 
     cells = [
         "import os, socket\n"
         "print(os.getuid())\n"
-        f"open({str(home / 'notes.txt')!r}, 'w').write('changed by a kernel')\n"
+        "try:\n"
+        f"    open({str(home / 'notes.txt')!r}, 'w').write('changed by a kernel')\n"
+        "except PermissionError:\n"
+        "    pass  # (the host root's files are nobody's to it: root-without-idmap)\n"
         "try:\n"
         f"    socket.create_connection(('127.0.0.1', {api_port}), timeout=3); print('reached')\n"
         "except OSError:\n"

@@ -5,6 +5,7 @@ can do on each host shape; these cases cover the combinations a machine cannot m
 
 from __future__ import annotations
 
+from mocksandbox.execution import world
 from mocksandbox.execution.budget import MemoryBudget, ProcessBudget
 from mocksandbox.execution.confinement import ProcessGroupConfinement
 from mocksandbox.execution.protections import format_table, protections, summary
@@ -66,3 +67,20 @@ def test_isolation_none_gives_no_world_and_says_why() -> None:
     assert holds(rows, "secrets") == "partly"
     files = next(row for row in rows if row.name == "files")
     assert "lite needs overlayfs" in files.how and "isolation lite" in files.remedy
+
+
+def test_runs_without_idmapped_mounts_are_their_uid_and_it_says_which_way_and_why() -> None:
+    why = "this kernel's tmpfs refuses them (/tmp/mocksandbox-x: Invalid argument)"
+    isolation = Isolation("lite", run_uid=1 << 30, syscall_filter=True, without_idmapped_mounts=why)
+    rows = protections(isolation, _Cgroups(2))  # type: ignore[arg-type]
+    non_root = next(row for row in rows if row.name == "non-root uid")
+    assert non_root.holds == "yes" and not non_root.remedy
+    assert non_root.how == (
+        f"uid {1 << 30} on the host, root only in its own user namespace (without idmapped mounts: "
+        f"{why}; host files owned by others are read-only to runs)"
+    )
+    assert isolation.missing() == []  # nothing missing: no warning, no note beside answers
+    assert f"without idmapped mounts: {why}" in isolation.describe_user()
+    assert isolation.run_owner() == world.RunOwner(1 << 30, 1 << 30)
+    # With them, the server's own writes are the run's as they are: nobody to give them to.
+    assert Isolation("lite", run_uid=1 << 30).run_owner() is None

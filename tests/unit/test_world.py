@@ -323,3 +323,34 @@ def test_a_runs_root_that_changes_as_it_is_looked_at_holds_layers_until_asked_ag
     assert not holds_no_layers(tmp_path)
     monkeypatch.undo()
     assert holds_no_layers(tmp_path)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving files to another uid takes root")
+def test_without_idmapped_mounts_what_the_server_makes_for_a_run_is_the_runs(
+    tmp_path: Path, host: Path
+) -> None:
+    """A root server's runs without idmapped mounts: the run's dir and what the server writes in
+    it, absolute files and the dirs made for them are the run root's uid's; the temp root's dirs on
+    the way keep their host owners, shifted into the run's namespace (the host's root: its root)."""
+    if os.stat(tmp_path).st_dev != os.stat("/").st_dev:
+        pytest.skip("the test's tmp dir is not on the root file system, the lowest layer")
+    owner = world.RunOwner(1 << 30, (1 << 30) + 7)
+    assert owner.shifted(0, 0) == (1 << 30, (1 << 30) + 7)
+    assert owner.shifted(1000, 65535) == ((1 << 30) + 1000, (1 << 30) + 7 + 65535)
+    assert owner.shifted(70000, 65536) == (70000, 65536)  # not mapped: nobody's to the run
+    slots = _Slots(tmp_path / "slots")
+    slots.path.mkdir()
+    space = LayeredWorkspace(slots, str(tmp_path / "view-tmp"), (), owner=owner)  # type: ignore[arg-type]
+    restore_files(space, {"in.txt": base64.b64encode(b"x").decode(), "sub/deep.txt": ""})
+    (Path(space.host_cwd) / "link").symlink_to("/etc/passwd")
+    space.hand_over()
+    space.write_file("/data/abs.txt", b"y")
+    cwd = Path(space.host_cwd)
+    made = [cwd, cwd / "in.txt", cwd / "sub", cwd / "sub" / "deep.txt", cwd / "link"]
+    layer = Path(space._layers[0])  # (the layer's own dirs)
+    made += [layer / "data", layer / "data" / "abs.txt"]
+    assert {(p.lstat().st_uid, p.lstat().st_gid) for p in made} == {(owner.uid, owner.gid)}
+    assert Path("/etc/passwd").stat().st_uid == 0  # (a link given, never what it names)
+    # The dirs on the way to the run's dir, as the host has them (root's), shifted.
+    on_the_way = layer / str(tmp_path).lstrip("/")
+    assert on_the_way.stat().st_uid == owner.uid + tmp_path.stat().st_uid
