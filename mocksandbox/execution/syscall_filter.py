@@ -18,7 +18,9 @@ run, for want of ``CAP_SYS_ADMIN``; every other ``unshare`` is refused here.
 The filter is compiled here, with libseccomp (through ``pyseccomp``, a ctypes binding to the host's
 ``libseccomp.so.2``), into a classic BPF program; the launcher, which runs under the user's
 interpreter and imports only the standard library, installs those bytes once in each world's relay
-(``_launcher_world.World``), whose programs inherit it at their fork.
+(``_launcher_world.World``), whose programs inherit it at their fork; but where a root server's
+programs join the runs' user namespace themselves (without idmapped mounts: its relays stay the
+host's root), each program installs it, once it has joined (it refuses ``setns``).
 """
 
 from __future__ import annotations

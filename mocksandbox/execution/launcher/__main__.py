@@ -17,7 +17,8 @@ top-level names:
 ``_launcher_world``     a run's world (isolation lite): a relay's namespaces, each run's root
 ``_launcher_mask``      the mask layer that hides the server's secrets and state from runs
 ``_launcher_kept``      a root kept from run to run for runs that touch only their own dir
-``_launcher_users``     uid maps: runs as an unprivileged range of host uids
+``_launcher_users``     uid maps: runs as an unprivileged range of host uids (joined by a world's
+                        relays, or by each program where the relays stay the host's root)
 ``_launcher_syscalls``  the system calls, by ctypes, bound once
 ``_launcher_state``     the one home of every value set at start or rebound at run time
 

@@ -186,6 +186,44 @@ class RunUsers:
         if self.nested:
             _nest(calls)
 
+    def enter_root(self, calls: Syscalls, root: str, cwd: str, keep_caps: set, filtered: bool) -> None:
+        """In a program of a relay that stays the host's root (``programs_join``), for
+        ``World.enter``: into its ``root`` and its dir ``cwd`` there, as the runs' root. The root is
+        opened while the program is the host's root (the way there, the server's temp dirs, may be
+        root's alone), then it joins (a new user namespace cannot be made once chroot'ed, and
+        ``nested`` makes one), chroots into that root, and gives up what the relay gave up for its
+        others: the bounding set (down to ``keep_caps``: joining gave it a full one), the seccomp
+        filter (``filtered``: installed here, as it refuses ``setns``), the capabilities."""
+        opened = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            calls.set_command_line()
+            self.join(calls)
+            os.fchdir(opened)
+        finally:
+            os.close(opened)
+        os.chroot(".")
+        os.chdir(cwd)
+        calls.drop_bounding_set(keep_caps)
+        if filtered:
+            calls.install_filter()
+        calls.reduce_capabilities()
+
+    def give_way(self, root: str, path: str) -> None:
+        """Where programs join the namespace (``programs_join``), in a relay: the dirs on the way to
+        ``path`` in a run's ``root`` (not ``/``, not ``path``) that the host's users own, given to
+        the same users of the runs' namespace (a dir of the host's root to the run's root), so that
+        the run reaches its dir or a bound one through them (a root server's temp dirs may be its
+        own alone: 0700). In the run's upper layer (copied up), never on the host."""
+        way = root
+        for part in [part for part in path.split("/") if part][:-1]:
+            way += "/" + part
+            info = os.lstat(way)
+            if info.st_mode & 0o170000 != 0o040000:
+                return  # (a link on the way: the mount that follows fails, or goes where it leads)
+            owner = self.shifted(info.st_uid, info.st_gid)
+            if owner != (info.st_uid, info.st_gid):
+                os.chown(way, *owner, follow_symlinks=False)
+
     def make_network(self, calls: Syscalls) -> int:
         """Where programs join the namespace (``programs_join``): a descriptor of a new network
         namespace that belongs to the runs' user namespace, for a world's PID 1 that stays the

@@ -298,22 +298,10 @@ class World:
         )
 
     def give_way(self, root: str, path: str) -> None:
-        """Where programs join the runs' user namespace (``joins``): the dirs on the way to
-        ``path`` in the run's ``root`` (not ``/``, not ``path``) that the host's users own, given
-        to the same users of the runs' namespace (a dir of the host's root to the run's root), so
-        that the run reaches its dir or a bound one through them (a root server's temp dirs may be
-        its own alone: 0700). In the run's upper layer (copied up), never on the host."""
-        if self.joins is None:
-            return
-        way = root
-        for part in [part for part in path.split("/") if part][:-1]:
-            way += "/" + part
-            info = os.lstat(way)
-            if info.st_mode & 0o170000 != 0o040000:
-                return  # (a link on the way: the mount that follows fails, or goes where it leads)
-            owner = self.joins.shifted(info.st_uid, info.st_gid)
-            if owner != (info.st_uid, info.st_gid):
-                os.chown(way, *owner, follow_symlinks=False)
+        """Where programs join the runs' user namespace: the way to ``path`` in the run's ``root``
+        made the run's (``RunUsers.give_way``)."""
+        if self.joins is not None:
+            self.joins.give_way(root, path)
 
     def unmount_run(self) -> None:
         """The run's root taken down: unmounted, or (a kept one) its run's dir taken out of it,
@@ -379,33 +367,12 @@ class World:
             if self.kept.changes is not None:
                 os.close(self.kept.changes)  # (a program could read its changes' events away)
         if self.joins is not None:
-            self._join_and_enter(cwd)
+            self.joins.enter_root(self.calls, self.current, cwd, self.keep_caps, self.filtered)
             return
         os.chroot(self.current)
         os.chdir(cwd)
         self.calls.set_command_line()
         self.calls.reduce_capabilities()  # (the seccomp filter is the world's: see __init__)
-
-    def _join_and_enter(self, cwd: str) -> None:
-        """:meth:`enter` where the program joins the runs' user namespace (``joins``): its root is
-        opened while the program is the host's root (the way there, the server's temp dirs, may
-        be root's alone), then it joins (a new user namespace cannot be made once chroot'ed, and
-        ``nested`` makes one), chroots into that root, and gives up what the relay gave up for
-        its others: the bounding set (joining gave it a full one), the seccomp filter (installed
-        here: it refuses ``setns``), the capabilities."""
-        root = os.open(self.current, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            self.calls.set_command_line()
-            self.joins.join(self.calls)
-            os.fchdir(root)
-        finally:
-            os.close(root)
-        os.chroot(".")
-        os.chdir(cwd)
-        self.calls.drop_bounding_set(self.keep_caps)
-        if self.filtered:
-            self.calls.install_filter()
-        self.calls.reduce_capabilities()
 
     # The relay is PID 1 of the run's namespace: the run's orphans come to it, and each one that
     # dies must be reaped at once (a zombie still counts against pids.max, and the server answers
