@@ -107,7 +107,9 @@ def server(home: Path, idmapped_mounts: str) -> Iterator[ServeProcess]:
         MOCKSANDBOX_IDMAPPED_MOUNTS=idmapped_mounts,
     ):
         process = start_serve("--run-env-keep", "KEEP_ME_TOKEN", pid_namespace=True)
-    assert without_idmapped_mounts(process) == (idmapped_mounts == "off" and os.geteuid() == 0)
+    # (With auto, whichever way this kernel allows: the banner says which; see the tests below.)
+    if idmapped_mounts == "off" and os.geteuid() == 0:
+        assert without_idmapped_mounts(process), process.banner
     yield process
     stop_serve(process.process)
 
