@@ -23,9 +23,10 @@ from mocksandbox.core import MockSandbox
 from mocksandbox.execution import engine as engine_module
 from mocksandbox.execution.confinement import CgroupConfinement
 from mocksandbox.execution.engine import IsolationError, why_no_idmapped_mounts
+from mocksandbox.execution.process import CommandSpec
 from mocksandbox.execution.protections import protections
 from mocksandbox.execution.world import lite_unavailable_reason
-from mocksandbox.models import CommandRunStatus, RunCodeRequest
+from mocksandbox.models import CommandRunResult, CommandRunStatus, RunCodeRequest
 from mocksandbox.settings import load_settings
 
 pytestmark = [
@@ -189,3 +190,47 @@ def test_nothing_is_left_once_the_server_is_closed(tmp_path: Path) -> None:
         except OSError:
             continue
     assert leftovers == [], textwrap.shorten(str(leftovers), 200)
+
+
+@pytest.mark.parametrize(
+    "settings", [{"idmapped_mounts": "off"}, {"run_as": "root"}], ids=["noidmap", "root"]
+)
+def test_a_link_a_command_left_on_the_way_to_a_bound_dir_leads_nowhere(
+    tmp_path: Path, settings: dict[str, str]
+) -> None:
+    """A session's layer outlives its commands, and its dirs are bound into it at each command. A
+    command that leaves a link on the way to a bound dir must not lead the next command's relay,
+    the host's root here, to make that dir (and mount on it) where the link points on the host."""
+    box = MockSandbox.create(
+        load_settings(overrides={"tmp_root": str(tmp_path), "isolation": "lite", **settings})
+    )
+    escaped = Path(f"/etc/mocksandbox-escaped-{os.getpid()}")
+    try:
+        layer, bound = tmp_path / "layer", tmp_path / "bound"
+        for path in (layer / "u", layer / "w", bound):
+            path.mkdir(parents=True)
+        owner = box.engine.isolation.run_owner()
+        if owner is not None:
+            owner.give_tree(str(bound))
+        world = {
+            "upper": str(layer / "u"),
+            "work": str(layer / "w"),
+            "lowers": [],
+            "binds": [[str(bound), f"/x/y/{escaped.name}"]],
+        }
+
+        def command(line: str) -> CommandRunResult:
+            spec = CommandSpec(line, "/", box.engine._base_env, None, 30.0, world=world)
+            return box.engine.runner.run(spec)
+
+        planted = command("mv /x /x2 && mkdir /x && ln -s /etc /x/y && echo planted")
+        assert planted.stdout == "planted\n", planted
+        after = command("echo ran")
+        assert not escaped.exists()
+        assert after.status == CommandRunStatus.Error and "not a dir on the way to a bound dir: /x/y" in (
+            after.stderr or ""
+        ), after
+    finally:
+        box.close()
+        if escaped.is_dir():
+            escaped.rmdir()

@@ -62,6 +62,23 @@ _DEV_LINKS = (
 )
 
 
+def _make_mount_point(root: str, target: str) -> None:
+    """The dir ``target`` in the run's ``root`` (made, with the dirs on the way, where missing),
+    never through a link: a session's layer outlives its commands, and a link one of them left on
+    the way would lead a relay that is the host's root to make dirs, and mount, where the run
+    chose on the host. A link or a file on the way is refused (``ENOTDIR``)."""
+    way = root
+    for part in [part for part in target.split("/") if part]:
+        way += "/" + part
+        try:
+            info = os.lstat(way)
+        except FileNotFoundError:
+            os.mkdir(way, 0o755)
+            continue
+        if info.st_mode & 0o170000 != 0o040000:
+            raise OSError(20, f"not a dir on the way to a bound dir: {way[len(root) :]}")  # ENOTDIR
+
+
 class World:
     """One relay's namespaces, and the per-run overlay it mounts for each run that asks."""
 
@@ -238,7 +255,7 @@ class World:
         # Host dirs the run works in, in place (a swedev session's /workspace and /tmp): their
         # mount points are made in the run's upper layer.
         for source, target in world.get("binds", ()):
-            os.makedirs(self.root + target, 0o755, exist_ok=True)
+            _make_mount_point(self.root, target)
             self.give_way(self.root, target)
             self.calls.mount(source, self.root + target, None, MS_BIND)
 
