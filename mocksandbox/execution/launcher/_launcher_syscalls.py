@@ -129,6 +129,10 @@ class Syscalls:
             )
 
         self._ipc_info = (ctypes.c_int * 32)()  # (any of the three INFO structs, read as ints)
+        #: The calls drop_bounding_set makes (their arguments, made once), per set kept, and the
+        #: prctl it makes them with: its arguments made already, nothing left to convert.
+        self._bounding_drops: dict = {}
+        self._prctl_unchecked = ctypes.CDLL(None, use_errno=True).prctl
         self._mm_map = None
         self._layout: list = []
         self._layout_of = 0
@@ -212,10 +216,27 @@ class Syscalls:
             os.close(fd)
 
     def drop_bounding_set(self, keep: set) -> None:
-        for cap in range(_CAP_LAST + 1):
-            dropped = cap in keep or self.libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) == 0
-            if not dropped and ctypes.get_errno() == 22:  # EINVAL: past the kernel's last capability
-                break
+        """Every capability but ``keep`` out of this process's bounding set. (A program that joins
+        the runs' user namespace itself does this at each run: the capabilities to drop are worked
+        out once, and each is one call.)"""
+        drop = self._bounding_drops.get(frozenset(keep))
+        if drop is None:
+            try:
+                with open("/proc/sys/kernel/cap_last_cap") as last:
+                    last_cap = int(last.read())
+            except (OSError, ValueError):
+                last_cap = _CAP_LAST
+            zero = ctypes.c_ulong(0)
+            drop = tuple(
+                (ctypes.c_int(_PR_CAPBSET_DROP), ctypes.c_ulong(cap), zero, zero, zero)
+                for cap in range(min(last_cap, _CAP_LAST) + 1)
+                if cap not in keep
+            )
+            self._bounding_drops[frozenset(keep)] = drop
+        prctl = self._prctl_unchecked
+        for arguments in drop:
+            if prctl(*arguments) != 0 and ctypes.get_errno() == 22:
+                break  # EINVAL: past the kernel's last capability
 
     def prepare_capabilities(self, keep: set) -> None:
         low = sum(1 << cap for cap in keep if cap < 32)
