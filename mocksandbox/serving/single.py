@@ -43,11 +43,13 @@ class _RequestHandler(WSGIRequestHandler):
 
     werkzeug ends every answer with ``Connection: close``: its handler cannot know whether the app
     left part of a request body unread (which would then be parsed as the next request), and after
-    each answer it drains the socket for 10 ms. Here, a request whose body has a known size is read
-    whole before the app runs, so once the answer is out the connection sits at a request boundary
-    and is kept, as SandboxFusion's uvicorn keeps it: a client with a session pays for one TCP
-    connection and one server thread per connection instead of per request. Other requests
-    (chunked, HTTP/1.0, ``Connection: close``, huge bodies) take werkzeug's own path.
+    each answer it drains the socket for 10 ms. Here, an HTTP/1.1 request whose body has a known
+    size is read whole before the app runs, so once the answer is out the connection sits at a
+    request boundary and is kept, as SandboxFusion's uvicorn keeps it: a client with a session pays
+    for one TCP connection and one server thread per connection instead of per request. A request
+    that asks for ``Connection: close`` takes the same path (its body read whole, a body cut short
+    never reaches the app) and is answered with ``Connection: close``. Other requests (chunked,
+    HTTP/1.0, huge bodies) take werkzeug's own path.
     """
 
     #: A kept connection carries the head and the body of an answer in separate writes: with Nagle's
@@ -55,13 +57,16 @@ class _RequestHandler(WSGIRequestHandler):
     disable_nagle_algorithm = True
     #: The last ``Date`` header made: (second, text). Replaced whole, so threads read it unlocked.
     _last_date: tuple[int, str] = (0, "")
+    #: The request being served lost its client halfway through its body (set by run_wsgi).
+    _cut_short = False
 
     def run_wsgi(self) -> None:
         try:
+            self._cut_short = False
             body = self._read_whole_body()
             if body is None:
                 super().run_wsgi()
-            elif self.close_connection:
+            elif self._cut_short:
                 return  # the client went away halfway through its body: nothing to answer
             else:
                 self._run_wsgi_keeping_connection(body)
@@ -77,9 +82,10 @@ class _RequestHandler(WSGIRequestHandler):
 
     def _read_whole_body(self) -> bytes | None:
         """The request body, if this request can keep its connection; otherwise ``None`` (and
-        nothing read). A body cut short (the client left) is returned with the connection marked
-        for closing."""
-        if self.close_connection or self.request_version != "HTTP/1.1" or self.command == "HEAD":
+        nothing read). A body cut short (the client left) is returned with ``_cut_short`` set and
+        the connection marked for closing. (``close_connection`` may already be set: the client
+        asked for ``Connection: close``, which changes nothing here but the answer's header.)"""
+        if self.request_version != "HTTP/1.1" or self.command == "HEAD":
             return None  # (a HEAD answer must have no body: left to werkzeug, which closes)
         if "Transfer-Encoding" in self.headers:
             return None
@@ -93,7 +99,7 @@ class _RequestHandler(WSGIRequestHandler):
             self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         body = self.rfile.read(length) if length else b""
         if len(body) < length:
-            self.close_connection = True  # the client went away: run_wsgi answers nothing
+            self._cut_short = self.close_connection = True  # the client went away: no answer
         return body
 
     def _run_wsgi_keeping_connection(self, body: bytes) -> None:
@@ -114,7 +120,8 @@ class _RequestHandler(WSGIRequestHandler):
                 self.send_response(int(code), reason)
                 for key, value in headers:
                     self.send_header(key, value)
-                if not any(key.lower() == "content-length" for key, _ in headers):
+                if self.close_connection or not any(key.lower() == "content-length" for key, _ in headers):
+                    # Asked for by the client, or the answer's end is the connection's.
                     self.close_connection = True
                     self.send_header("Connection", "close")
                 if len(data) <= _JOINED_WRITE_LIMIT:

@@ -101,14 +101,38 @@ def test_http_1_0_request_is_answered_and_closed(served: tuple[MockSandbox, Serv
     assert json.loads(body)["run_result"]["stdout"] == "1\n"
 
 
-def test_client_leaving_halfway_through_its_body_gets_no_answer(
+def test_asked_to_close_the_answer_is_whole_and_the_connection_ends(
     served: tuple[MockSandbox, ServerThread],
 ) -> None:
     box, server = served
     with socket.create_connection(("127.0.0.1", server.server.port), timeout=30) as raw:
         raw.sendall(
+            b"POST /run_code HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            + f"Content-Length: {len(PRINT)}\r\n\r\n".encode()
+            + PRINT
+        )
+        received = b""
+        while chunk := raw.recv(65536):  # ends because the server closes the connection
+            received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert b"\r\nConnection: close" in head
+    assert int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0]) == len(body)
+    assert json.loads(body)["run_result"]["stdout"] == "1\n"
+    assert len(box.requests()) == 1
+
+
+@pytest.mark.parametrize("connection_header", ["", "Connection: close\r\n"], ids=["keep-alive", "close"])
+def test_client_leaving_halfway_through_its_body_gets_no_answer(
+    served: tuple[MockSandbox, ServerThread], connection_header: str
+) -> None:
+    box, server = served
+    with socket.create_connection(("127.0.0.1", server.server.port), timeout=30) as raw:
+        raw.sendall(
             b"POST /run_code HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 100\r\n\r\n" + PRINT[:10]
+            + connection_header.encode()
+            + b"Content-Length: 100\r\n\r\n"
+            + PRINT[:10]
         )
         raw.shutdown(socket.SHUT_WR)
         assert raw.recv(65536) == b""  # closed without an answer
