@@ -97,6 +97,10 @@ class Settings(BaseModel):
     #: files together, and a run's where no cgroup counts them against its memory. Default: a
     #: quarter of the host's memory.
     runs_scratch_mb: int | None = Field(None, ge=64)
+    #: How long in seconds a relay keeps one root for runs that touch nothing but their own dir
+    #: (isolation lite): a file the host adds under a dir runs see shows in runs within this time.
+    #: Longer saves a mount per run where runs are slow; ``0`` mounts a root for every run.
+    kept_root_max_age_s: float = Field(1.0, ge=0, le=3600)
     #: ``executor_pod_name`` in answers; SandboxFusion reads ``MY_POD_NAME``.
     pod_name: str | None = Field(default_factory=lambda: os.environ.get("MY_POD_NAME"))
     #: Version named in the ``url`` of 422 items (SandboxFusion runs pydantic 2.6).

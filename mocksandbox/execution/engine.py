@@ -690,6 +690,7 @@ def _start_lite(
             "hide": list(hidden),
             "hide_prefixed": [list(pair) for pair in hidden_prefixed],
             "keep_caps": list(KEPT_CAPABILITIES),
+            "kept_max_age_s": settings.kept_root_max_age_s,
         }
         filter_reason = ""
         try:

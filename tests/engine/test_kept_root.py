@@ -247,6 +247,24 @@ def test_no_run_counts_the_runs_before_it(sandbox: MockSandbox) -> None:
     assert seen == ["0 1\n"] * 8
 
 
+def test_a_root_kept_no_longer_than_the_setting_says(tmp_path: Path) -> None:
+    """``kept_root_max_age_s: 0``: every run gets a root made for it (a kept root serves no run past
+    its age), though each run leaves its root as it found it."""
+    if (reason := lite_unavailable_reason()) is not None:
+        pytest.skip(reason)
+    overrides = {"tmp_root": str(tmp_path), "isolation": "lite", "kept_root_max_age_s": 0}
+    box = MockSandbox.create(load_settings(overrides=overrides))
+    try:
+        seen = []
+        for _ in range(3):
+            run(box, "print(1)")
+            seen.append(kept_roots(box))
+    finally:
+        box.close()
+    assert all(len(roots) == 1 for roots in seen), seen
+    assert len({roots[0] for roots in seen}) == 3, seen
+
+
 def test_a_kept_root_goes_with_its_server(tmp_path: Path) -> None:
     if (reason := lite_unavailable_reason()) is not None:
         pytest.skip(reason)

@@ -33,16 +33,17 @@ class KeptRoot:
     way; the mount point below is covered by the run's dir), and the root then goes, as a run's
     root always went before. inotify watches on those dirs, made at the root's first run, say so:
     one read after each run, where looking at each dir cost a relay's every run a tenth of a
-    millisecond. A kept root serves at most :data:`MAX_AGE_S` (a lower layer, the host, may change
-    under it: its new files are then seen within that time) and :data:`MAX_RUNS` runs (a mount
-    each); where no watch can be had (inotify's limits), one run.
+    millisecond. A kept root serves for at most ``max_age_s`` seconds (the setting
+    ``kept_root_max_age_s``: a lower layer, the host, may change under it, and its new files are
+    then seen within that time) and :data:`MAX_RUNS` runs (a mount each); where no watch can be had
+    (inotify's limits), one run.
     """
 
-    MAX_AGE_S = 1.0
     MAX_RUNS = 1000
 
-    def __init__(self, world, runs_dir: str) -> None:
+    def __init__(self, world, runs_dir: str, max_age_s: float = 1.0) -> None:
         self.world = world
+        self.max_age_s = max_age_s
         #: The inotify descriptor watching what runs must leave as they found it (see
         #: :meth:`take`), from the first run on; ``None`` before, or where none could be had.
         self.changes: int | None = None
@@ -83,7 +84,7 @@ class KeptRoot:
 
     def serves(self) -> bool:
         """Whether it may serve another run (young enough, not too many runs yet)."""
-        return self.lasts and self.runs < self.MAX_RUNS and time.monotonic() - self.born < self.MAX_AGE_S
+        return self.lasts and self.runs < self.MAX_RUNS and time.monotonic() - self.born < self.max_age_s
 
     def take(self, cwd: str, cwd_host: str) -> None:
         """Bind the run's dir ``cwd_host`` (on the runs' tmpfs) at ``cwd`` in this root; a

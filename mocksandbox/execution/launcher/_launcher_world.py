@@ -85,6 +85,7 @@ class World:
     def __init__(self, config: dict, calls: Syscalls, users=None) -> None:
         self.calls = calls
         self.scratch = config["scratch"]
+        self.kept_max_age_s = config.get("kept_max_age_s", 1.0)
         self.root = self.scratch + "/root"
         self.mask = self.scratch + "/mask"
         self.mounted = False
@@ -241,12 +242,12 @@ class World:
             if self.kept is not None and not self.kept.serves():
                 self.drop_kept()
             if self.kept is None:
-                self.kept = KeptRoot(self, keep["dir"])
+                self.kept = KeptRoot(self, keep["dir"], self.kept_max_age_s)
             try:
                 self.kept.take(cwd, keep["cwd_host"])
             except FileExistsError:  # an earlier run's dir had that name: a new root has none
                 self.drop_kept()
-                self.kept = KeptRoot(self, keep["dir"])
+                self.kept = KeptRoot(self, keep["dir"], self.kept_max_age_s)
                 self.kept.take(cwd, keep["cwd_host"])
             self.current = self.kept.root
             return
