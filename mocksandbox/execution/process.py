@@ -155,8 +155,9 @@ class _LaunchFailed(Exception):
 
 
 class _StatusReader:
-    """Parses the relay's status pipe: ``P`` + pid, then ``S`` + wait status (or ``E`` + errno);
-    ``K`` + a signal number before either when the relay ended the run itself."""
+    """Parses the relay's status pipe: ``P`` + pid (runs on the host only), then ``S`` + wait
+    status (or ``E`` + errno); ``K`` + a signal number before either when the relay ended the run
+    itself."""
 
     def __init__(self) -> None:
         self.buffer = b""

@@ -94,7 +94,8 @@ def start_program(request: dict, fds: list) -> None:
             _signal.signal(sig, _signal.SIG_DFL)
         _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
         apply_memory_limit(request.get("memory_limit_mb", -1))
-        os.chdir(request["cwd"])
+        if request.get("world") is None:  # (a world's program is in its dir already: World.enter)
+            os.chdir(request["cwd"])
         # No "env": the launcher's own environment, which the server found equal to the run's.
         env = request["env"] if request["env"] is not None else os.environ
         os.execve(request["argv"][0], request["argv"], env)

@@ -3,13 +3,14 @@
 Protocol, on SOCK_SEQPACKET sockets: one message per run, a JSON object with the run's four file
 descriptors attached (stdin, stdout, stderr, status). Sent to the launcher, a fifth descriptor
 rides along: the socket on which the new relay will take its later runs. On the status pipe the
-relay writes ``b"P"`` + the program's pid (8 bytes) once it is started, then ``b"S"`` + its wait
-status (8 bytes, signed) when it has exited, and closes the pipe: the relay is then ready for its
-next run. A relay that dies first (a program killed its parent) closes the pipe without the ``S``
-record; the server then drops it. A run that could not be started (no process slot or memory left
-for the relay or the program, a cgroup that cannot be joined) gets ``b"E"`` + the errno (8 bytes)
-instead: the server retries it or reports why, but never as a program's exit. A relay that ends
-the run itself says so first with ``b"K"`` (see ``_launcher_watch``).
+relay writes, for a run on the host, ``b"P"`` + the program's pid (8 bytes) once it is started (a
+world's run has no ``P``: its pids are its namespace's, and the server never kills by them), then
+``b"S"`` + its wait status (8 bytes, signed) when it has exited, and closes the pipe: the relay is
+then ready for its next run. A relay that dies first (a program killed its parent) closes the pipe
+without the ``S`` record; the server then drops it. A run that could not be started (no process
+slot or memory left for the relay or the program, a cgroup that cannot be joined) gets ``b"E"`` +
+the errno (8 bytes) instead: the server retries it or reports why, but never as a program's exit.
+A relay that ends the run itself says so first with ``b"K"`` (see ``_launcher_watch``).
 
 The server's side of it: ``mocksandbox/execution/launcher/__init__.py`` (the messages) and
 ``mocksandbox/execution/process.py`` (the status records).

@@ -84,7 +84,8 @@ _LAUNCHER_STDIO = (sys.stdin, sys.stdout, sys.stderr)
 def become_python_program(request: dict) -> None:
     """Turn this forked launcher into ``python <file>``; never returns."""
     path = request["file"]
-    os.chdir(request["cwd"])
+    if request.get("world") is None:  # (a world's program is in its dir already: World.enter)
+        os.chdir(request["cwd"])
     env = request["env"]
     if env is not None:  # None: the launcher's own environment, nothing to do
         os.environ.clear()

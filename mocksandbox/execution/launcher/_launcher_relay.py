@@ -68,9 +68,18 @@ def run_relay(sock: _socket.socket, request: dict, fds: list, ran_fd: int) -> No
 
 
 def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
-    """Start the run's program, report its pid and, once it has exited, its wait status."""
+    """Start the run's program, report its pid (on the host) and, once it has exited, its wait
+    status.
+
+    A world's relay does everything it can before the fork (its watch on the server armed, the
+    status pipe named for ``end_the_run``) and nothing but wait while the program lives: each page
+    either writes while both share their pages is copied, for the writer, and the relay's copies of
+    the program's stdio close once it has exited. It says no pid: the server ends a world's run by
+    its cgroup or by letting its relay go (``_launcher_watch``), never by a pid of its namespace.
+    A run on the host says its pid at once: the server may have to kill the program by it."""
     status_fd = fds[3]
     world = request.get("world")
+    watching = server_gone = False
     try:
         if world is not None:
             if state.WORLD is None:
@@ -84,8 +93,15 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
             state.SYSCALLS.prepare_command_line(
                 ["python", request["file"]] if request["mode"] == "python" else None
             )
+        if world is not None:
+            state.WATCHED_STATUS_FD = status_fd
+            watching = True
+            server_gone = watch_server(sock)
         pid = os.fork()
     except Exception as exc:  # EAGAIN: the host's or the server's process budget is spent
+        if watching:
+            state.WATCHED_STATUS_FD = None
+            unwatch_server(sock)
         if not isinstance(exc, OSError):
             say_fault("before its fork", exc)
         if world is not None:
@@ -100,14 +116,16 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
         return
     if pid == 0:
         start_program(request, fds)
-    close_all(fds[:3])
-    state.WATCHED_STATUS_FD = status_fd
     nothing_left = False
     try:
-        write_all(status_fd, STATUS_PID + pid.to_bytes(8, "little"))
-        status = (
-            state.WORLD.wait_for_program(pid, sock) if world is not None else _wait_for_on_host(pid, sock)
-        )
+        if world is not None:
+            status = state.WORLD.wait_for_program(pid, sock, server_gone)
+            close_all(fds[:3])
+        else:
+            close_all(fds[:3])
+            state.WATCHED_STATUS_FD = status_fd
+            write_all(status_fd, STATUS_PID + pid.to_bytes(8, "little"))
+            status = _wait_for_on_host(pid, sock)
         try:
             if world is not None:
                 _end_what_the_program_left(world)

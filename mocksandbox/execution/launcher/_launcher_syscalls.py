@@ -62,6 +62,8 @@ _PR_CAPBSET_DROP = 24
 _PR_SET_SECCOMP = 22
 _PR_SET_MM = 35
 _PR_SET_MM_MAP = 14
+#: The smallest command-line buffer a relay makes (``python <file>`` of a run fits many times).
+_COMMAND_LINE_BYTES = 4096
 _SECCOMP_MODE_FILTER = 2
 _CAP_LAST = 63
 _SIOCGIFFLAGS = 0x8913
@@ -134,6 +136,9 @@ class Syscalls:
         self._bounding_drops: dict = {}
         self._prctl_unchecked = ctypes.CDLL(None, use_errno=True).prctl
         self._mm_map = None
+        self._command_line = b""  # (a ctypes buffer once a relay makes one)
+        self._command_line_wanted = False
+        self._set_mm_map_args: tuple = ()
         self._layout: list = []
         self._layout_of = 0
         libc.sbrk.restype = ctypes.c_void_p
@@ -263,14 +268,29 @@ class Syscalls:
     def prepare_command_line(self, argv: "list | None") -> None:
         """In a relay, before it forks a warm Python program: what its ``/proc/self/cmdline`` (and
         ``ps``) must say (``python <file>``, as a spawned one's would), instead of the launcher's own
-        command line. The new argument area lives in this buffer, which the fork copies to the
-        same address; the rest of the map is this process's, which the fork keeps as is."""
+        command line. The new argument area lives in this relay's buffer, which the fork copies to
+        the same address; the rest of the map is this process's, which the fork keeps as is.
+
+        The buffer and the map are made once per relay (its code, data and stack stay put; a
+        command line longer than the buffer gets a new one): a run writes its arguments into the
+        buffer and updates the map's argument end and program break, rather than building both
+        anew (fewer pages written in the relay before each fork, each one then copied on write)."""
         if argv is None:
-            self._mm_map = None
+            self._command_line_wanted = False
             return
         payload = b"\0".join(arg.encode() for arg in argv) + b"\0"
-        self._command_line = ctypes.create_string_buffer(payload, len(payload))
-        if self._layout_of != os.getpid():  # read once per relay: its code, data and stack stay put
+        if self._layout_of != os.getpid() or len(payload) > len(self._command_line):
+            self._make_command_line_map(len(payload))
+        ctypes.memmove(self._command_line, payload, len(payload))
+        mm_map = self._mm_map
+        mm_map.arg_end = mm_map.arg_start + len(payload)
+        mm_map.brk = self.libc.sbrk(0) or 0
+        self._command_line_wanted = True
+
+    def _make_command_line_map(self, size: int) -> None:
+        """This relay's command-line buffer (at least ``size`` bytes) and the ``prctl_mm_map``
+        pointing at it, from its ``/proc/self/stat``."""
+        if self._layout_of != os.getpid():  # read once per relay
             with open("/proc/self/stat", "rb") as stat:
                 self._layout = stat.read().rsplit(b")", 1)[1].split()
             self._layout_of = os.getpid()
@@ -279,20 +299,22 @@ class Syscalls:
         def field(number: int) -> int:  # proc(5) numbers the fields from 1; two precede ")"
             return int(fields[number - 3])
 
+        self._command_line = ctypes.create_string_buffer(max(size, _COMMAND_LINE_BYTES))
         start = ctypes.addressof(self._command_line)
         self._mm_map = _MmMap(
-            field(26), field(27), field(45), field(46), field(47), self.libc.sbrk(0) or 0, field(28),
-            start, start + len(payload), field(50), field(51), 0, 0, 0xFFFFFFFF,
+            field(26), field(27), field(45), field(46), field(47), 0, field(28),
+            start, start, field(50), field(51), 0, 0, 0xFFFFFFFF,
+        )  # fmt: skip
+        self._set_mm_map_args = (
+            _PR_SET_MM, _PR_SET_MM_MAP, ctypes.addressof(self._mm_map), ctypes.sizeof(self._mm_map), 0
         )  # fmt: skip
 
     def set_command_line(self) -> None:
         """In the forked program, while it may (CAP_SYS_ADMIN in its user namespace: the prctl is
         checkpoint/restore's): the command line :meth:`prepare_command_line` made. Best effort: a
         program that cannot keeps the launcher's (which names nothing hidden from it)."""
-        if self._mm_map is not None:
-            self.libc.prctl(
-                _PR_SET_MM, _PR_SET_MM_MAP, ctypes.addressof(self._mm_map), ctypes.sizeof(self._mm_map), 0
-            )
+        if self._command_line_wanted:
+            self.libc.prctl(*self._set_mm_map_args)
 
     def reduce_capabilities(self) -> None:
         """In a forked program: effective and permitted down to the kept set, nothing inheritable

@@ -42,7 +42,7 @@ from _launcher_syscalls import (
     loopback_up,
     write_text,
 )
-from _launcher_watch import end_the_run, say_ended_by_relay, unwatch_server, watch_server
+from _launcher_watch import end_the_run, say_ended_by_relay, unwatch_server
 
 #: The devices a run's /dev holds (name, major, minor): the harmless character devices.
 _DEVICES = (
@@ -403,9 +403,11 @@ class World:
     # SIGIO ends the run and the relay (see _launcher_watch.end_the_run).
     # Little Python runs in the relay while a program lives: every page it writes then is copied.
 
-    def wait_for_program(self, pid: int, sock: _socket.socket) -> int:
-        """The wait status of the program ``pid``, reaping the run's orphans meanwhile."""
-        if watch_server(sock):
+    def wait_for_program(self, pid: int, sock: _socket.socket, server_gone: bool) -> int:
+        """The wait status of the program ``pid``, reaping the run's orphans meanwhile; the watch
+        on the server (``sock``), armed before the fork, is put down once it has exited.
+        ``server_gone``: the server had left before the watch was armed (no SIGIO comes)."""
+        if server_gone:
             say_ended_by_relay(0)
             os.kill(-1, _signal.SIGKILL)  # the server left before we watched: end the run
         try:
