@@ -49,6 +49,7 @@ class ThreadStackDefault:
     def __init__(self) -> None:
         self._functions = None
         self._own = self._current = 0
+        self._page = os.sysconf("SC_PAGE_SIZE")
         if ctypes is None:
             return
         try:
@@ -77,7 +78,7 @@ class ThreadStackDefault:
             return
         limit_mb = request.get("memory_limit_mb", -1) if request.get("mode") == "python" else -1
         if limit_mb > 0:
-            page = os.sysconf("SC_PAGE_SIZE")
+            page = self._page
             wanted = -(-max(limit_mb * 1024 * 1024, self._PTHREAD_STACK_MIN) // page) * page
         else:
             wanted = self._own
