@@ -752,6 +752,60 @@ class CpuMeter:
         return spent
 
 
+class TreeMeter:
+    """CPU seconds of a server this script did not start, over its process tree (``--reference-pid``):
+    each process's own time and its reaped children's, for the process and every descendant alive
+    at a sample. A program that starts and ends between two samples (SandboxFusion's server starts
+    one per run) is never seen alive: it is in its reaper's children's time by the second sample
+    (1/100 s a process, as the kernel counts it), with whatever it reaped in turn. So nothing it
+    spent is lost or counted twice as long as someone in the tree waits for it, as SandboxFusion's
+    server does (an asyncio subprocess per run). What no one in the tree waits for is lost: an
+    orphan the init process reaps, or the children of a process that ignores SIGCHLD (a served
+    mock's launcher ignores it: on a mock, this meter misses its relays and programs, which
+    ``CpuMeter`` reads apart).
+
+    A sample is a consistent snapshot: a process that ends while the tree is read may be counted
+    twice (its own time read, then its reaper's with it) or not at all (its reaper's read first,
+    then its own gone), so a sample in which a listed process could not be read or is gone by its
+    end is taken again (up to ``attempts`` times in all)."""
+
+    def __init__(self, pid: int, attempts: int = 10) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self.root = psutil.Process(pid)  # psutil.NoSuchProcess where there is no such process
+        self.attempts = attempts
+
+    def _read(self, strict: bool) -> float | None:
+        """The tree's CPU seconds; ``None`` if ``strict`` and the tree changed while being read."""
+        try:  # psutil leaves out the descendants that end while it lists them
+            processes = [self.root, *self.root.children(recursive=True)]
+        except self._psutil.Error as exc:  # the root is gone, or its pid is another process's now
+            raise RuntimeError(f"the reference's process {self.root.pid} is gone: {exc}") from exc
+        total = 0.0
+        for process in processes:
+            try:
+                times = process.cpu_times()
+            except self._psutil.Error:
+                if strict:
+                    return None  # ended since it was listed: its reaper may or may not have it yet
+                continue
+            total += times.user + times.system + times.children_user + times.children_system
+        if strict and not all(process.is_running() for process in processes):
+            return None  # one ended while the others were read: its reaper may have it too
+        return total
+
+    def sample(self) -> float:
+        for _ in range(self.attempts - 1):
+            total = self._read(strict=True)
+            if total is not None:
+                return total
+        # The tree never held still: the last reading, off by a process that ended while it was read.
+        total = self._read(strict=False)
+        assert total is not None
+        return total
+
+
 def _cpuacct_group() -> str | None:
     """A fresh cpuacct cgroup for one served mock, or ``None`` where none can be made."""
     try:

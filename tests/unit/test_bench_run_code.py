@@ -7,6 +7,7 @@ Only what the script computes is checked here, never a speed: figures are the be
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -153,3 +154,41 @@ def test_the_script_interleaves_its_targets_when_asked(
     assert [(row[1], row[2], row[3]) for row in rows] == [("2", "5", "0")]  # 3 + 2 requests, all ok
     with pytest.raises(SystemExit):
         bench.parse_args(["--requests", "5", "--interleave", "6"])
+
+#: A process that spends ``SECONDS`` of CPU and ends (started with ``-S``: little start-up CPU).
+_BUSY = "import time\nend = time.process_time() + {seconds}\nwhile time.process_time() < end: pass"
+#: A stand-in for SandboxFusion's server: for each line on stdin, a run (a shell's worth: a process
+#: that starts the program and waits for it) that it waits for, then "done". Its runs end and are
+#: reaped between two samples of a meter: no sample ever sees them alive.
+_SERVER = """
+import subprocess, sys
+run = [sys.executable, "-S", "-c", "import subprocess, sys; subprocess.run([sys.executable, '-S', '-c', sys.argv[1]])"]
+for line in sys.stdin:
+    subprocess.run([*run, line.strip().replace("|", "\\n")], check=True)
+    print("done", flush=True)
+"""
+
+
+def test_the_tree_meter_counts_the_short_lived_runs_its_tree_reaped(bench: ModuleType) -> None:
+    server = subprocess.Popen(
+        [sys.executable, "-S", "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert server.stdin is not None and server.stdout is not None
+    try:
+        meter = bench.TreeMeter(server.pid)
+        before = meter.sample()
+        runs, seconds = 3, 0.25
+        for _ in range(runs):
+            server.stdin.write(_BUSY.format(seconds=seconds).replace("\n", "|") + "\n")
+            server.stdin.flush()
+            assert server.stdout.readline() == "done\n"  # the run and its program ended, and were reaped
+        spent = meter.sample() - before
+        # Every program's CPU is in (its shell's reaped children's time, then the server's); none of
+        # it twice (that would be 1.5 s and more). The rest is each run's two interpreters starting.
+        assert runs * seconds <= spent < 2 * runs * seconds - 0.2
+    finally:
+        server.stdin.close()
+        server.wait(timeout=30)
+    with pytest.raises(RuntimeError, match=f"process {server.pid} is gone"):
+        meter.sample()
+
