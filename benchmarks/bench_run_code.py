@@ -1144,6 +1144,12 @@ def print_report(
                 f"{lv.p50_ms:>8.1f} {lv.p95_ms:>8.1f} {lv.mean_ms:>8.1f} {_client_cores(lv):>13}"
             )
     _print_cpu(targets, scaling_rows(targets), ratios.get("cpu_reference_over_mock", {}))
+    others = info.get("load_before")
+    if others is not None and others >= (os.cpu_count() or 1):
+        print(
+            f"machine: the load before the run ({others:.1f} on {os.cpu_count()} CPUs), others' work, is in\n"
+            "the machine figures, the more in a target's the longer its runs take: compare the totals"
+        )
     print(
         f"\nbare spawn: {spawn['python']} -c 'print(1)' x{spawn['runs']}: "
         f"p50 {spawn['p50_ms']:.1f} ms, p95 {spawn['p95_ms']:.1f} ms"
@@ -1442,6 +1448,7 @@ def main(argv: list[str] | None = None) -> int:
         "host": f"{platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}",
         # Other work on the machine skews every figure; this says how busy it was.
         "load_1min": f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after",
+        "load_before": load_before,
     }
     print_report(targets, spawn, ratios, info)
     if args.json:

@@ -276,3 +276,14 @@ def test_the_script_gives_each_target_s_machine_cpu_and_the_reference_s_tree(
     assert "CPU per run, c=2: reference / mock-in-process = " in out
     (row,) = json.loads(figures.read_text())["ratios"]["cpu_reference_over_mock"]["mock-in-process"]
     assert row["concurrency"] == 2 and row["total_from"] == "tree vs -"
+
+
+def test_a_busy_host_s_machine_figures_say_so(bench: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    spawn = {"python": "python", "runs": 1, "p50_ms": 1.0, "p95_ms": 1.0}
+    ratios = {"first_mock": "mock", "mock_p50_over_spawn_p50": 1.0, "mock_p50_over_spawn_p50_at_concurrency": 1}
+    info = {"requests": 10, "workload": "print", "load_before": 0.0}
+    targets = [bench.Target("mock", "", [_cpu_level(bench, 1, 2.0, 1.0)])]
+    bench.print_report(targets, spawn, ratios, info)
+    assert "the machine figures" not in capsys.readouterr().out
+    bench.print_report(targets, spawn, ratios, {**info, "load_before": 4.0 * (os.cpu_count() or 1)})
+    assert "others' work, is in\nthe machine figures" in capsys.readouterr().out
