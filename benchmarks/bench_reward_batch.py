@@ -62,7 +62,7 @@ _HERE = Path(__file__).resolve().parent
 if str(_HERE) not in sys.path:
     sys.path.insert(0, str(_HERE))  # bench_run_code.py, beside this script
 
-from bench_run_code import CPU_PARTS, CpuMeter, _busy_seconds, served_mock  # noqa: E402
+from bench_run_code import CPU_PARTS, CpuMeter, TreeMeter, _busy_seconds, served_mock  # noqa: E402
 
 #: What verl's trainer passes (``reward.sandbox_fusion.memory_limit_mb``) and its default
 #: ``compute_score`` timeout (compile and run, seconds).
@@ -330,34 +330,6 @@ class Measured:
         if self.parts_s is not None:
             return self.per_run_ms(sum(self.parts_s.values()))
         return self.per_run_ms(self.tree_s) if self.tree_s is not None else math.nan
-
-
-class TreeMeter:
-    """CPU seconds of a server this script did not start, over its process tree (``--reference-pid``):
-    each process's own time and its reaped children's, for the process and every descendant alive
-    at a sample. A program that ends between two samples is in its reaper's children's time by the
-    second (1/100 s a process, as the kernel counts it), so nothing it spent is lost or counted
-    twice as long as someone in the tree waits for it, as SandboxFusion's server does."""
-
-    def __init__(self, pid: int) -> None:
-        import psutil
-
-        self._psutil = psutil
-        self.root = psutil.Process(pid)
-
-    def sample(self) -> float:
-        try:
-            processes = [self.root, *self.root.children(recursive=True)]
-        except self._psutil.Error as exc:
-            raise RuntimeError(f"the reference's process {self.root.pid} is gone: {exc}") from exc
-        total = 0.0
-        for process in processes:
-            try:
-                times = process.cpu_times()
-            except self._psutil.Error:
-                continue  # ended since it was listed: its reaper has its time by the next sample
-            total += times.user + times.system + times.children_user + times.children_system
-        return total
 
 
 @dataclass

@@ -19,10 +19,11 @@ Only loopback addresses are ever targeted unless you pass a URL yourself.
 
 The report gives the CPU per request of each part of a served mock, read over its process tree:
 its server processes, launchers, relays and programs (the programs exactly where it can run in a
-cpuacct cgroup of its own), and the req/s per core that this CPU allows. With several ``--workers``
-counts it is the scaling curve. It also gives the load generator's own CPU: ``--client-processes N``
-spreads the load over N processes (one Python process keeps about one core busy), and the report
-says when the clients were the limit, not the server, or when the host's cores were all busy.
+cpuacct cgroup of its own), their total, and the req/s per core that this CPU allows. With several
+``--workers`` counts it is the scaling curve. It also gives the load generator's own CPU:
+``--client-processes N`` spreads the load over N processes (one Python process keeps about one core
+busy), and the report says when the clients were the limit, not the server, or when the host's
+cores were all busy.
 
     python benchmarks/bench_run_code.py --modes fork --workers 1,2,4,8 --concurrency 64 \
         --client-processes 4
@@ -32,6 +33,17 @@ every target of a round up at once and measures each level in turns, the targets
 
     python benchmarks/bench_run_code.py --modes fork --isolation none,lite --concurrency 1,16 \
         --requests 2000 --rounds 5 --interleave 4
+
+Of every target, a mock or the reference, the report gives the machine's CPU per request too: the
+busy time of the cores this script may run on over the level, the load generator's own CPU taken
+out (whatever else runs on the machine counts as well). ``--reference-pid PID`` meters the
+reference's process tree as its total (what its processes spent and what they reaped: see
+TreeMeter). A line per concurrency then gives the reference's CPU per request over each mock's, the
+machine's and the totals'. With a reference, each level is measured in turns (``--interleave``: 4
+unless told), so that both see the same machine:
+
+    python benchmarks/bench_run_code.py --modes fork --workload verl --client new-connection \
+        --concurrency 16 --requests 300 --reference-url http://127.0.0.1:8090 --reference-pid PID
 """
 
 from __future__ import annotations
@@ -110,6 +122,13 @@ class Level:
     launcher_cpu_ms: float | None = None
     programs_cpu_ms: float | None = None
     relays_cpu_ms: float | None = None
+    #: The server's CPU per answered request (ms) in all: a served mock's parts together, or a
+    #: reference's process tree (``--reference-pid``, see TreeMeter); ``None`` where unmeasured.
+    total_cpu_ms: float | None = None
+    #: The machine's CPU per answered request (ms): the busy time of the cores this script may run
+    #: on over the level, the load generator's own CPU taken out. Whatever else runs on the machine
+    #: counts too; a server's helpers outside its tree (a container runtime) count as well.
+    machine_cpu_ms: float | None = None
     #: With ``--rounds N``: each round's req/s, in round order (the figures above are medians).
     rounds_rps: list[float] = field(default_factory=list)
     #: The load generator: its processes, its CPU per answered request (ms), the cores it kept busy
@@ -150,6 +169,8 @@ def median_level(rounds: list[Level]) -> Level:
         launcher_cpu_ms=median("launcher_cpu_ms"),
         programs_cpu_ms=median("programs_cpu_ms"),
         relays_cpu_ms=median("relays_cpu_ms"),
+        total_cpu_ms=median("total_cpu_ms"),
+        machine_cpu_ms=median("machine_cpu_ms"),
         rounds_rps=[lv.rps for lv in rounds],
         client_processes=first.client_processes,
         client_cpu_ms=median("client_cpu_ms"),
@@ -172,6 +193,9 @@ class Target:
     series: str | None = None
     #: Where the programs' CPU was read (see CpuMeter); ``None``: not measured.
     programs_cpu_from: str | None = None
+    #: What ``total_cpu_ms`` is: ``"parts"`` (a served mock's), ``"tree"`` (a process tree's,
+    #: ``--reference-pid``); ``None``: not measured.
+    total_cpu_from: str | None = None
 
     def level(self, concurrency: int) -> Level:
         return next(lv for lv in self.levels if lv.concurrency == concurrency)
@@ -540,6 +564,7 @@ def level_of(concurrency: int, total: int, turns: list[_Turn]) -> Level:
     latencies = [latency for load in loads for latency in load.latencies]
     ok = len(latencies)
     client_cpu = sum(load.cpu_s for load in loads)
+    machine_cpu = sum(turn.busy_s for turn in turns) - client_cpu
     processes = max(len(turn.loads) for turn in turns)
     capacity = min(processes, client_cores_available())
     cores = client_cpu / wall if wall > 0 else 0.0
@@ -556,6 +581,7 @@ def level_of(concurrency: int, total: int, turns: list[_Turn]) -> Level:
         first_error=next((load.first_error for load in loads if load.first_error), None),
         client_processes=processes,
         client_cpu_ms=client_cpu / ok * 1000 if ok else None,
+        machine_cpu_ms=machine_cpu / ok * 1000 if ok else None,
         client_cores=cores,
         client_cores_available=capacity,
         client_saturated=cores >= CLIENT_SATURATED * capacity,
@@ -580,13 +606,15 @@ def run_level(
 
 @dataclass
 class Entry:
-    """A target of one round, up and reachable: its name, URL and (a served mock's) CPU meter."""
+    """A target of one round, up and reachable: its name, URL, (a served mock's) CPU meter and (a
+    reference's, ``--reference-pid``) process tree meter."""
 
     name: str
     url: str
     meter: CpuMeter | None = None
     workers: int | None = None
     series: str | None = None
+    tree: TreeMeter | None = None
 
 
 def measure_in_turns(
@@ -605,7 +633,8 @@ def measure_in_turns(
     whatever drifts on the machine over seconds weighs on each target alike, where targets measured
     one after the other, a level each (one target, one turn: ``--interleave`` off), are compared
     across tens of seconds. Each level's figures are over all of its turns; the CPU of a served
-    mock is metered over its own turns only."""
+    mock, of a metered process tree and of the machine is taken over the target's own turns only
+    (the meters are read between turns, outside the machine's busy time)."""
     targets = [
         Target(
             entry.name,
@@ -613,6 +642,7 @@ def measure_in_turns(
             workers=entry.workers,
             series=entry.series,
             programs_cpu_from=entry.meter.programs_from if entry.meter is not None else None,
+            total_cpu_from="parts" if entry.meter is not None else "tree" if entry.tree is not None else None,
         )
         for entry in entries
     ]
@@ -623,16 +653,20 @@ def measure_in_turns(
     for concurrency in levels:
         measured: list[list[_Turn]] = [[] for _ in entries]
         spent: list[dict[str, float]] = [dict.fromkeys(CPU_PARTS, 0.0) for _ in entries]
+        tree_spent = [0.0 for _ in entries]
         for number, share in enumerate(shares):
             order = list(range(len(entries)))
             if number % 2:
                 order.reverse()
             for index in order:
-                meter = entries[index].meter
+                meter, tree = entries[index].meter, entries[index].tree
                 before = meter.sample() if meter is not None else None
+                tree_before = tree.sample() if tree is not None else None
                 measured[index].append(
                     _load_turn(entries[index].url, concurrency, share, timeout, workload, client, pool)
                 )
+                if tree is not None and tree_before is not None:
+                    tree_spent[index] += tree.sample() - tree_before
                 if meter is not None and before is not None:
                     for part, seconds in meter.spent(before, meter.sample()).items():
                         spent[index][part] += seconds
@@ -641,6 +675,9 @@ def measure_in_turns(
             if entries[index].meter is not None and level.ok:
                 for part, seconds in spent[index].items():
                     setattr(level, f"{part}_cpu_ms", seconds / level.ok * 1000)
+                level.total_cpu_ms = sum(spent[index].values()) / level.ok * 1000
+            elif entries[index].tree is not None and level.ok:
+                level.total_cpu_ms = tree_spent[index] / level.ok * 1000
             target.levels.append(level)
     return targets
 
@@ -750,6 +787,61 @@ class CpuMeter:
         else:
             spent["programs"] = grown(before.reaped, after.reaped)
         return spent
+
+
+class TreeMeter:
+    """CPU seconds of a server this script did not start, over its process tree (``--reference-pid``):
+    each process's own time and its reaped children's, for the process and every descendant alive
+    at a sample. A program that starts and ends between two samples (SandboxFusion's server starts
+    one per run) is never seen alive: it is in its reaper's children's time by the second sample
+    (1/100 s a process, as the kernel counts it), with whatever it reaped in turn. So nothing it
+    spent is lost or counted twice as long as someone in the tree waits for it, as SandboxFusion's
+    server does (an asyncio subprocess per run). What no one in the tree waits for is lost: an
+    orphan the init process reaps, or the children the kernel reaps for a process that ignores
+    SIGCHLD. A served mock's launcher ignores it while it waits for no run, so on a mock this
+    meter misses some relays and their programs, more at high concurrency (``CpuMeter`` reads the
+    parts apart).
+
+    A sample is a consistent snapshot: a process that ends while the tree is read may be counted
+    twice (its own time read, then its reaper's with it) or not at all (its reaper's read first,
+    then its own gone), so a sample in which a listed process could not be read or is gone by its
+    end is taken again (up to ``attempts`` times in all)."""
+
+    def __init__(self, pid: int, attempts: int = 10) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self.root = psutil.Process(pid)  # psutil.NoSuchProcess where there is no such process
+        self.attempts = attempts
+
+    def _read(self, strict: bool) -> float | None:
+        """The tree's CPU seconds; ``None`` if ``strict`` and the tree changed while being read."""
+        try:  # psutil leaves out the descendants that end while it lists them
+            processes = [self.root, *self.root.children(recursive=True)]
+        except self._psutil.Error as exc:  # the root is gone, or its pid is another process's now
+            raise RuntimeError(f"the reference's process {self.root.pid} is gone: {exc}") from exc
+        total = 0.0
+        for process in processes:
+            try:
+                times = process.cpu_times()
+            except self._psutil.Error:
+                if strict:
+                    return None  # ended since it was listed: its reaper may or may not have it yet
+                continue
+            total += times.user + times.system + times.children_user + times.children_system
+        if strict and not all(process.is_running() for process in processes):
+            return None  # one ended while the others were read: its reaper may have it too
+        return total
+
+    def sample(self) -> float:
+        for _ in range(self.attempts - 1):
+            total = self._read(strict=True)
+            if total is not None:
+                return total
+        # The tree never held still: the last reading, off by a process that ended while it was read.
+        total = self._read(strict=False)
+        assert total is not None
+        return total
 
 
 def _cpuacct_group() -> str | None:
@@ -870,6 +962,63 @@ def _ratio_rows(first: Target, other: Target, levels: list[int]) -> list[dict[st
     return rows
 
 
+def _cpu_ratio(a: float | None, b: float | None) -> float:
+    return _ratio(a, b) if a is not None and b is not None else math.nan
+
+
+def cpu_ratio_rows(mock: list[Target], reference: list[Target], levels: list[int]) -> list[dict[str, Any]]:
+    """The reference's CPU per run over a mock's, per concurrency level, from each round's figures
+    (``mock[r]`` and ``reference[r]``: round ``r``'s): the machine's, and the totals' (the reference's
+    process tree over the mock's parts, as ``total_from`` says) where both were metered. Over several
+    rounds, the median of the rounds' ratios, each round's beside it."""
+    rows = []
+    for c in levels:
+        machine = [
+            _cpu_ratio(r.level(c).machine_cpu_ms, m.level(c).machine_cpu_ms)
+            for m, r in zip(mock, reference, strict=True)
+        ]
+        total = [
+            _cpu_ratio(r.level(c).total_cpu_ms, m.level(c).total_cpu_ms)
+            for m, r in zip(mock, reference, strict=True)
+        ]
+        row: dict[str, Any] = {
+            "concurrency": c,
+            "machine_ratio": _median_of(machine),
+            "total_ratio": _median_of(total),
+            "total_from": f"{reference[0].total_cpu_from or '-'} vs {mock[0].total_cpu_from or '-'}",
+        }
+        if len(mock) > 1:
+            row["machine_ratio_rounds"], row["total_ratio_rounds"] = machine, total
+        rows.append(row)
+    return rows
+
+
+def _median_of(values: list[float]) -> float:
+    measured = [v for v in values if not math.isnan(v)]
+    return statistics.median(measured) if measured else math.nan
+
+
+def cpu_ratio_lines(ratios: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """A line per mock and concurrency level where the reference's CPU per run and the mock's were
+    both measured: ``CPU per run, c=16: reference / mock = 6.74x (machine), 6.80x (tree vs parts)``."""
+    lines = []
+    for name, rows in ratios.items():
+        for row in rows:
+            shown = []
+            if not math.isnan(row["machine_ratio"]):
+                shown.append(f"{row['machine_ratio']:.2f}x (machine)")
+            if not math.isnan(row["total_ratio"]):
+                shown.append(f"{row['total_ratio']:.2f}x ({row['total_from']})")
+            if not shown:
+                continue
+            rounds = row.get("machine_ratio_rounds")
+            by_round = "   machine by round: " + " ".join(f"{r:.2f}" for r in rounds) if rounds else ""
+            lines.append(
+                f"CPU per run, c={row['concurrency']}: reference / {name} = {', '.join(shown)}{by_round}"
+            )
+    return ["", *lines] if lines else []
+
+
 def scaling_rows(targets: list[Target]) -> list[dict[str, Any]]:
     """The scaling curve: for each series measured with several worker counts, each concurrency and
     worker count, its req/s and their ratio to the fewest workers' at that concurrency."""
@@ -902,7 +1051,9 @@ def _ms(value: float | None, width: int) -> str:
     return f"{value:>{width}.2f}" if value is not None else f"{'-':>{width}}"
 
 
-def _print_cpu(targets: list[Target], curve: list[dict[str, Any]]) -> None:
+def _print_cpu(
+    targets: list[Target], curve: list[dict[str, Any]], cpu_ratios: dict[str, list[dict[str, Any]]]
+) -> None:
     """CPU per request of each part, each target and level; where some series was measured with
     several worker counts, in the order of the scaling curve, with its req/s and their ratio."""
     by_name = {t.name: t for t in targets}
@@ -922,27 +1073,37 @@ def _print_cpu(targets: list[Target], curve: list[dict[str, Any]]) -> None:
         else "\nCPU"
     )
     print(
-        "per request, ms: server (serve process + workers), launcher, relays, programs, client (this\n"
-        "script's load); req/s/core: what the mock's CPU per request allows"
+        "per request, ms: server (serve process + workers), launcher, relays, programs, total (their sum;\n"
+        "a reference's: its process tree, --reference-pid), machine (the busy time of this script's cores\n"
+        "over the level, the clients' CPU taken out), client (this script's load); req/s/core: what the\n"
+        "total allows"
     )
     header = (
         f"{'target':<16} {'conc':>4} {'req/s':>8} {'x':>5} {'server':>7} {'launcher':>8} {'relays':>7} "
-        f"{'programs':>8} {'client':>7} {'req/s/core':>10}"
+        f"{'programs':>8} {'total':>7} {'machine':>7} {'client':>7} {'req/s/core':>10}"
     )
     print(header + "\n" + "-" * len(header))
     for target, lv, ratio in rows:
         parts = [lv.server_cpu_ms, lv.launcher_cpu_ms, lv.relays_cpu_ms, lv.programs_cpu_ms]
-        total = sum(p or 0.0 for p in parts)
-        per_core = f"{1000 / total:>10.0f}" if lv.server_cpu_ms is not None and total > 0 else f"{'-':>10}"
+        total = lv.total_cpu_ms
+        per_core = f"{1000 / total:>10.0f}" if total is not None and total > 0 else f"{'-':>10}"
         shown_ratio = f"{ratio:>5.2f}" if ratio is not None else f"{'':>5}"
         print(
             f"{target.name:<16} {lv.concurrency:>4} {lv.rps:>8.1f} {shown_ratio} {_ms(parts[0], 7)} "
-            f"{_ms(parts[1], 8)} {_ms(parts[2], 7)} {_ms(parts[3], 8)} {_ms(lv.client_cpu_ms, 7)} {per_core}"
+            f"{_ms(parts[1], 8)} {_ms(parts[2], 7)} {_ms(parts[3], 8)} {_ms(total, 7)} "
+            f"{_ms(lv.machine_cpu_ms, 7)} {_ms(lv.client_cpu_ms, 7)} {per_core}"
         )
     for source in dict.fromkeys(t.programs_cpu_from for t, _, _ in rows if t.programs_cpu_from):
         print(f"programs: {source}")
+    if any(t.total_cpu_from == "tree" for t, _, _ in rows):
+        print(
+            "total of a process tree: what its processes spent and what they reaped (TreeMeter): a run\n"
+            "no one in the tree waits for is not in it"
+        )
     if any(lv.server_cpu_ms is None for _, lv, _ in rows):
         print("'-' for the server's parts: a server this script did not start (its tree is not ours)")
+    for line in cpu_ratio_lines(cpu_ratios):
+        print(line)
 
 
 def _client_cores(level: Level) -> str:
@@ -962,7 +1123,7 @@ def print_report(
         f", {rounds} rounds: medians, ratios per round" if rounds > 1 else ""
     )
     print(f"\nPOST /run_code, workload {info['workload']!r}  ({per})")
-    for key in ("user_python", "host", "load_1min"):
+    for key in ("user_python", "turns", "host", "load_1min"):
         if info.get(key):
             print(f"  {key.replace('_', ' ')}: {info[key]}")
     processes = info.get("client_processes", 1)
@@ -982,7 +1143,13 @@ def print_report(
                 f"{target.name:<16} {lv.concurrency:>4} {lv.ok:>5} {lv.errors:>4} {lv.rps:>8.1f} "
                 f"{lv.p50_ms:>8.1f} {lv.p95_ms:>8.1f} {lv.mean_ms:>8.1f} {_client_cores(lv):>13}"
             )
-    _print_cpu(targets, scaling_rows(targets))
+    _print_cpu(targets, scaling_rows(targets), ratios.get("cpu_reference_over_mock", {}))
+    others = info.get("load_before")
+    if others is not None and others >= (os.cpu_count() or 1):
+        print(
+            f"machine: the load before the run ({others:.1f} on {os.cpu_count()} CPUs), others' work, is in\n"
+            "the machine figures, the more in a target's the longer its runs take: compare the totals"
+        )
     print(
         f"\nbare spawn: {spawn['python']} -c 'print(1)' x{spawn['runs']}: "
         f"p50 {spawn['p50_ms']:.1f} ms, p95 {spawn['p95_ms']:.1f} ms"
@@ -1031,12 +1198,34 @@ def print_report(
                 print(f"\n{target.name} c={lv.concurrency}: {lv.errors} error(s), first: {lv.first_error}")
 
 
+def _no_process(pid: int) -> str | None:
+    """``None`` if the process ``pid`` is there to be metered, else why not."""
+    import psutil
+
+    if pid <= 0:  # psutil takes 0 for the kernel's idle task; negative pids are groups
+        return "not a process id"
+    try:
+        psutil.Process(pid).cpu_times()
+    except psutil.NoSuchProcess:
+        return "no such process"
+    except psutil.Error as exc:
+        return f"its CPU times cannot be read: {exc}"
+    return None
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--url", help="measure this server instead of an in-process mock")
     parser.add_argument("--reference-url", help="also measure this server and print mock/reference ratios")
+    parser.add_argument(
+        "--reference-pid",
+        type=int,
+        metavar="PID",
+        help="the reference server's process id (uvicorn's, or a parent's whose tree holds it): its "
+        "process tree's CPU per request is the reference's total, beside the mock's parts",
+    )
     parser.add_argument("--requests", type=int, default=200, help="requests per concurrency level (200)")
     parser.add_argument(
         "--concurrency", default="1,4,16,64", help="comma-separated concurrency levels (default 1,4,16,64)"
@@ -1057,11 +1246,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--interleave",
         type=int,
-        default=0,
+        default=None,
         metavar="TURNS",
         help="in each round, keep every target up at once and measure each level in TURNS turns, the "
         "targets taking turns (A B, B A, ...): for a ratio of two targets on a machine whose speed "
-        "drifts within a round (default 0: one target after the other, a level each)",
+        "drifts within a round (0: one target after the other, a level each; default 4 with "
+        "--reference-url, so that both see the same machine, else 0)",
     )
     parser.add_argument("--spawn-runs", type=int, help="bare spawns to time (default: --requests)")
     parser.add_argument(
@@ -1116,8 +1306,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--rounds must be positive")
     if args.client_processes < 1:
         parser.error("--client-processes must be positive")
+    if args.interleave is None:
+        args.interleave = min(4, args.requests) if args.reference_url else 0
     if args.interleave < 0 or args.interleave > args.requests:
         parser.error("--interleave takes 0 (off) up to --requests turns")
+    if args.reference_pid is not None:
+        if not args.reference_url:
+            parser.error("--reference-pid goes with --reference-url")
+        problem = _no_process(args.reference_pid)
+        if problem:
+            parser.error(f"--reference-pid {args.reference_pid}: {problem}")
     if not args.levels or min(args.levels) < 1 or args.requests < 1:
         parser.error("--concurrency and --requests must be positive")
     return args
@@ -1180,7 +1378,8 @@ def main(argv: list[str] | None = None) -> int:
                     for isolation in args.isolations
                 ]
         if args.reference_url:
-            plan.append(reachable(Entry("reference", args.reference_url)))
+            tree = TreeMeter(args.reference_pid) if args.reference_pid is not None else None
+            plan.append(reachable(Entry("reference", args.reference_url, tree=tree)))
         for number in range(args.rounds):
             if args.interleave:
                 # Every target up at once for the round (an idle served mock takes next to no CPU), its
@@ -1211,6 +1410,7 @@ def main(argv: list[str] | None = None) -> int:
             first.workers,
             first.series,
             first.programs_cpu_from,
+            first.total_cpu_from,
         )
         for index, first in enumerate(rounds[0])
     ]
@@ -1229,6 +1429,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.reference_url:
         reference = targets[-1]
         ratios["mock_over_reference"] = {m.name: _ratio_rows(m, reference, args.levels) for m in mocks}
+        ratios["cpu_reference_over_mock"] = {
+            target.name: cpu_ratio_rows([r[index] for r in rounds], [r[-1] for r in rounds], args.levels)
+            for index, target in enumerate(targets[:-1])
+        }
+    turns = f"each level in {args.interleave} turns, the targets taking turns" if args.interleave else None
     info = {
         "requests": args.requests,
         "rounds": args.rounds,
@@ -1239,9 +1444,11 @@ def main(argv: list[str] | None = None) -> int:
         "client_saturated_from": CLIENT_SATURATED,
         "host_full_from": HOST_FULL,
         "user_python": python,
+        "turns": turns,
         "host": f"{platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}",
         # Other work on the machine skews every figure; this says how busy it was.
         "load_1min": f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after",
+        "load_before": load_before,
     }
     print_report(targets, spawn, ratios, info)
     if args.json:
