@@ -36,6 +36,7 @@ from serve_process import (
     stdout_of,
     stop_serve,
 )
+from visible_dirs import visible_dir
 
 from mocksandbox.execution.world import lite_unavailable_reason
 
@@ -54,15 +55,21 @@ _KEY_SPEC_SESSION_KEYRING, _KEY_SPEC_USER_KEYRING = -3, -4
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A home dir of the test's own holding credential canaries, the server's ``HOME``."""
-    home = tmp_path_factory.mktemp("home")
+def home() -> Iterator[Path]:
+    """A home dir of the test's own holding credential canaries, the server's ``HOME``: where runs
+    see it (not in /tmp, which they find empty), so that only the mask keeps its secrets from them."""
+    home = visible_dir("home-")
+    yield from _filled_home(home)
+
+
+def _filled_home(home: Path) -> Iterator[Path]:
     (home / ".ssh").mkdir(mode=0o700)
     (home / ".ssh" / "id_ed25519").write_text("CANARY-SSH-KEY\n")
     (home / ".aws").mkdir()
     (home / ".aws" / "credentials").write_text("[default]\naws_secret_access_key = CANARY-AWS\n")
     (home / ".netrc").write_text("machine example.com password CANARY-NETRC\n")
-    return home
+    yield home
+    shutil.rmtree(home, ignore_errors=True)
 
 
 #: As root, the servers here run twice: with idmapped mounts (``auto``: this machine's kernel takes
@@ -204,7 +211,8 @@ def test_a_run_makes_no_namespaces_and_mounts_nothing(server: ServeProcess) -> N
     ]
 
 
-def test_host_files_can_be_neither_changed_nor_planted(server: ServeProcess, tmp_path: Path) -> None:
+def test_host_files_can_be_neither_changed_nor_planted(server: ServeProcess, visible_tmp_path: Path) -> None:
+    tmp_path = visible_tmp_path
     canary = tmp_path / "canary"
     canary.write_text("keep me")
     tmp_path.chmod(0o755)  # (in the view of a run without idmapped mounts too, which is not root's)
@@ -509,7 +517,7 @@ def _swedev(server: ServeProcess, endpoint: str, **payload: object) -> dict[str,
 
 
 def test_swedev_sessions_run_in_worlds_of_their_own(
-    server: ServeProcess, tmp_path: Path, request: pytest.FixtureRequest
+    server: ServeProcess, visible_tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """A session's commands: the host untouched, secrets and the API out of reach, no signal to
     the server; what a command writes outside /workspace stays for the session's next commands
@@ -521,7 +529,7 @@ def test_swedev_sessions_run_in_worlds_of_their_own(
     instance = next(
         i for i in InstanceRegistry.from_paths([]).all() if i.instance_id == "sciutils__unitconv-311"
     )
-    canary = tmp_path / "canary"
+    canary = visible_tmp_path / "canary"
     canary.write_text("keep me")
     # Written outside /workspace, in the session's layer: in the image's /etc, or (without idmapped
     # mounts, where the host root's dirs are read-only to a command) in its root, which is its own.
@@ -563,14 +571,16 @@ def test_swedev_sessions_run_in_worlds_of_their_own(
     assert not os.path.exists(planted)
 
 
-def test_jupyter_kernels_run_in_worlds_of_their_own(server: ServeProcess, tmp_path: Path, home: Path) -> None:
+def test_jupyter_kernels_run_in_worlds_of_their_own(
+    server: ServeProcess, visible_tmp_path: Path, home: Path
+) -> None:
     """A kernel's cells: the host untouched, secrets, host services and the API out of reach, no
     signal to the server; ``files`` and ``fetch_files`` (absolute names, links) in its view."""
     if "jupyter: off" in "".join(server.banner):
         pytest.skip("no ipykernel for the server's interpreter")
-    canary = tmp_path / "canary"
+    canary = visible_tmp_path / "canary"
     canary.write_text("keep me")
-    tmp_path.chmod(0o755)  # (in the view of a kernel without idmapped mounts too, which is not root's)
+    visible_tmp_path.chmod(0o755)  # (in the view of a run without idmapped mounts too, not root's)
     planted = f"/etc/mocksandbox-kernel-{os.getpid()}"
     api_port = int(server.url.rsplit(":", 1)[1])
     cells = [
