@@ -31,6 +31,7 @@ from serve_process import (
     NO_PROXY,
     ServeProcess,
     a_runs_ids_on_the_host,
+    assert_runs_start_apart,
     run_uid_of,
     start_serve,
     stdout_of,
@@ -490,7 +491,9 @@ def processes_with(marker: str) -> list[int]:
 
 def test_what_servers_keep_in_the_temp_root_is_hidden_even_when_made_later(server: ServeProcess) -> None:
     """State dirs, control sockets, shared counters and kernels' connection files of every server
-    (``<tmp>/mocksandbox-*``) look empty to a run, those made after the server started too."""
+    (``<tmp>/mocksandbox-*``), those made after the server started too, are not in a run's view: in
+    /tmp, which a run finds empty, not at all (elsewhere, a ``tmp_root`` of a run's view, they look
+    empty: the mask's ``hide_prefixed``)."""
     later = Path(tempfile.mkdtemp(prefix="mocksandbox-made-later-"))
     try:
         (later / "secret").write_text("CANARY")
@@ -502,11 +505,17 @@ def test_what_servers_keep_in_the_temp_root_is_hidden_even_when_made_later(serve
             "    return os.listdir(path) == [] if os.path.isdir(path) else os.path.getsize(path) == 0\n"
             f"print({later.name!r} in names, all(empty(os.path.join(root, n)) for n in names))\n"
         )
-        assert stdout_of(server.run(code)) == "True True\n"
+        assert stdout_of(server.run(code)) == "False True\n"
         answer = server.run("pass", fetch_files=[str(later / "secret")])
         assert answer["files"] == {}
     finally:
         shutil.rmtree(later)
+
+
+def test_tmp_and_run_start_empty_and_runs_leave_nothing(server: ServeProcess) -> None:
+    """Nothing of the host's /tmp and /run nor of an earlier run in a run's view, with idmapped
+    mounts and without (see :func:`serve_process.assert_runs_start_apart`)."""
+    assert_runs_start_apart(server)
 
 
 def _swedev(server: ServeProcess, endpoint: str, **payload: object) -> dict[str, object]:
