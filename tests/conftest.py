@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 # Where every part is required, a skip not on CI's list of what its machine cannot have fails.
 from ci_skips import everything_required, pytest_runtest_makereport  # noqa: F401
+from visible_dirs import visible_dir
 
 from mocksandbox.control.pooled import PooledControlState
 from mocksandbox.control.shared import ControlStateServer, RemoteControlState
@@ -74,3 +77,11 @@ def state(request: pytest.FixtureRequest) -> Iterator[ControlState]:
         client.close()
         server.close()
         local.close()
+
+
+@pytest.fixture
+def visible_tmp_path() -> Iterator[Path]:
+    """:func:`visible_dir` for one test, removed after it."""
+    path = visible_dir("visible-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

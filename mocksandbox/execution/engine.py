@@ -8,12 +8,14 @@ import os
 import re
 import shlex
 import shutil
+import sys
 import tempfile
 import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+import mocksandbox
 from mocksandbox import divergence
 from mocksandbox.execution.budget import MemoryBudget, ProcessBudget
 from mocksandbox.execution.confinement import Confinement, create_confinement
@@ -691,6 +693,8 @@ def _start_lite(
             "hide_prefixed": [list(pair) for pair in hidden_prefixed],
             "keep_caps": list(KEPT_CAPABILITIES),
             "kept_max_age_s": settings.kept_root_max_age_s,
+            # /tmp and /run start empty for every run: these, if there, are bound read-only.
+            "show": _runtime_dirs(settings),
         }
         filter_reason = ""
         try:
@@ -710,7 +714,6 @@ def _start_lite(
                 "runs_tmpfs": scratch_size,
             }
             world["runs_root"] = runs_root.path
-            world["show"] = _runtime_dirs(settings)
             confinement.delegate_runs_to(run_uid, os.getegid())
         elif as_user:
             run_uid = reserve_run_uids()
@@ -761,11 +764,16 @@ def _start_lite(
 
 def _runtime_dirs(settings: Settings) -> list[str]:
     """The dirs of the user's Python (its venv, the interpreter it is made from) and of the runtime
-    libraries: where a world leaves out the host's (a server that is not root starts runs with an
-    empty /tmp), a run must see these all the same; where the host root's dirs are nobody's to a
-    run (a root server without idmapped mounts), it must reach them all the same."""
+    libraries: where a world leaves out the host's (every run starts with an empty /tmp and /run),
+    a run must see these all the same; where the host root's dirs are nobody's to a run (a root
+    server without idmapped mounts), it must reach them all the same."""
     python = Path(settings.python)
     dirs = {str(python.parent.parent), str(python.resolve().parent.parent), str(Path(settings.runtime_dir))}
+    if os.path.realpath(python.parent.parent) == os.path.realpath(sys.prefix):
+        # User code on the server's own environment (no runtime installed): an editable install
+        # of the server there imports it from its checkout, outside the venv (a CI job's, or a
+        # clone's under /tmp), which the run must see too.
+        dirs.add(str(Path(mocksandbox.__file__).resolve().parent))
     return sorted(os.path.abspath(d) for d in dirs if d != "/")
 
 

@@ -368,6 +368,11 @@ def lite_unavailable_reason(confinement_name: str = "") -> str | None:
     return None
 
 
+#: Dirs every run finds empty but for its own files, as in a fresh container (the launcher's
+#: ``_launcher_mask.FRESH_TOPS``): what the host keeps there is not in a run's view.
+FRESH_DIRS = ("/tmp", "/run")
+
+
 # -- the runs' tmpfs ---------------------------------------------------------------------------------
 
 #: The size of the tmpfs every request's layers live on: what bounds all runs' files together where
@@ -819,12 +824,16 @@ class LayeredWorkspace:
         skeleton: list[tuple[str, int, int, int]] | None = None,
         hidden_prefixed: tuple[tuple[str, str], ...] = (),
         owner: RunOwner | None = None,
+        fresh_dirs: tuple[str, ...] = FRESH_DIRS,
     ) -> None:
         self.slot = runs_root.new_slot()
         self._runs_root = runs_root
         #: Whom what the server writes for the run is given to (see :class:`RunOwner`), if anyone.
         self._owner = owner
         self._hidden_prefixed = hidden_prefixed
+        #: Dirs the run finds empty but for its own files (:data:`FRESH_DIRS`; a test that stands
+        #: a host tree of its own in for the host's, under /tmp, passes none).
+        self._fresh = fresh_dirs
         self._layers: list[str] = []
         self._commands = 0
         #: Whether the server wrote a file outside the run's dir (see next_command's ``keep``).
@@ -853,8 +862,10 @@ class LayeredWorkspace:
         for part in [p for p in view_dir.split("/") if p]:
             current += "/" + part
             found = self._lookup(current)
-            if found is not None and found.kind == "dir" and found.host is not None:
-                info = os.stat(found.host)
+            # (A dir of the mask, host None, has the host's attributes: /tmp is 1777 there.)
+            host = found.host if found is not None and found.host is not None else current
+            if found is not None and found.kind == "dir" and os.path.isdir(host):
+                info = os.stat(host)
                 made.append((current, stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid))
             else:
                 made.append((current, 0o755, 0, 0))
@@ -931,8 +942,9 @@ class LayeredWorkspace:
     def _hidden_kind(self, view_path: str) -> str | None:
         """``dir``/``file`` when the mask covers ``view_path`` (it is hidden or below a hidden
         dir: those below are gone), ``below`` for a path inside a hidden dir, else ``None``."""
-        if view_path == "/dev" or view_path.startswith("/dev/"):
-            return "dir" if view_path == "/dev" else "below"
+        for fresh in ("/dev", *self._fresh):
+            if view_path == fresh or view_path.startswith(fresh + "/"):
+                return "dir" if view_path == fresh else "below"
         hidden_here = list(self._hidden)
         for directory, prefix in self._hidden_prefixed:
             if view_path.startswith(directory + "/" + prefix):

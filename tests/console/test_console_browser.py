@@ -206,7 +206,7 @@ def test_in_flight_chart_rises_under_a_burst(
     wait_for: Wait,
     mocksandbox: Any,
     screenshot: Callable[[str], Any],
-    tmp_path: Path,
+    visible_tmp_path: Path,
     workers: int,
 ) -> None:
     burst, cap = 6, 4
@@ -217,7 +217,7 @@ def test_in_flight_chart_rises_under_a_burst(
 
     # Each program holds its slot until the test creates the release file: the chart must show
     # them held, however slow the machine, and the test ends them when it is done looking.
-    release = tmp_path / "release"
+    release = visible_tmp_path / "release"
     # (Its dir is listed, not the file looked up: in a run's world the host is an overlayfs lower
     # layer, which keeps a lookup's negative answer; a dir only the host holds lists afresh.)
     program = (

@@ -140,14 +140,14 @@ def test_a_first_3_rule_fails_exactly_three_requests_fleet_wide(fleet: MockSandb
     assert fleet.stats()["faults_fired"] == {rule.id: 3}
 
 
-def test_a_rule_and_a_cap_together_stay_exact_fleet_wide(fleet: MockSandboxHandle, tmp_path: Path) -> None:
+def test_a_rule_and_a_cap_together_stay_exact_fleet_wide(fleet: MockSandboxHandle, visible_tmp_path: Path) -> None:
     """Leased permits and the actor's fault decisions at once: every admitted request holds its
     slot until the barrier, so the cap refuses exactly the six past it, and the rule (a short
     delay, then the program) fires on exactly the first two of the four admitted; the refused
     ones never reach it, as on one server."""
     fleet.set_capacity(max_in_flight=4)
     rule = fleet.delay(0.01, first=2)
-    replies = held_past_the_cap(fleet, tmp_path / "go", count=10, cap=4)
+    replies = held_past_the_cap(fleet, visible_tmp_path / "go", count=10, cap=4)
     assert sorted(r.status_code for r in replies) == [200] * 4 + [429] * 6
     [state] = [r for r in fleet.sandbox.fault_rules() if r.id == rule.id]
     assert (state.matched, state.fired) == (4, 2)
@@ -198,9 +198,9 @@ def held_past_the_cap(
         return [f.result(timeout=120) for f in futures]
 
 
-def test_the_cap_holds_across_replicas(fleet: MockSandboxHandle, tmp_path: Path) -> None:
+def test_the_cap_holds_across_replicas(fleet: MockSandboxHandle, visible_tmp_path: Path) -> None:
     fleet.set_capacity(max_in_flight=2)
-    replies = held_past_the_cap(fleet, tmp_path / "go", count=12, cap=2)
+    replies = held_past_the_cap(fleet, visible_tmp_path / "go", count=12, cap=2)
     codes = sorted(r.status_code for r in replies)
     assert codes == [200] * 2 + [429] * 10
     assert all(r.headers.get("Retry-After") for r in replies if r.status_code == 429)
@@ -408,13 +408,13 @@ def _served_by(handle: MockSandboxHandle, code: str) -> str | None:
 
 
 def test_a_killed_replica_fails_its_requests_only_and_gives_back_its_permits(
-    fleet: MockSandboxHandle, tmp_path: Path
+    fleet: MockSandboxHandle, visible_tmp_path: Path
 ) -> None:
     box: Any = fleet.sandbox
     fleet.set_capacity(max_in_flight=9)  # a cap and no rule: the replicas' permits are leased
     admits = box.control.call_counts().get("admit", 0)
     for attempt in range(5):
-        barrier = tmp_path / f"go-{attempt}"
+        barrier = visible_tmp_path / f"go-{attempt}"
         codes = [held_until(barrier, i) for i in range(9)]
         bodies = [{"code": c, "language": "python", "run_timeout": HELD_RUN_TIMEOUT} for c in codes]
         pool = ThreadPoolExecutor(9)
@@ -484,7 +484,7 @@ def test_a_killed_replica_fails_its_requests_only_and_gives_back_its_permits(
     alive = box.wait_replicas(3, timeout=180)
     assert victim not in {r["key"] for r in alive}
     fleet.set_capacity(max_in_flight=3)
-    second = tmp_path / "again"
+    second = visible_tmp_path / "again"
     with ThreadPoolExecutor(3) as pool, releasing(second):
         body = {"code": held_until(second, 3), "language": "python", "run_timeout": HELD_RUN_TIMEOUT}
         held = [pool.submit(post, fleet.url, "/run_code", body) for _ in range(3)]

@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -120,6 +121,61 @@ def a_runs_ids_on_the_host(server: ServeProcess) -> tuple[Any, Any]:
         found[0].kill()
         answer.result(timeout=30)
     return ids
+
+
+#: What a run prints of its /tmp and /run: the entries of each that are not its own (its dir's
+#: top, and the dirs of the Python it runs on where they live under /tmp, as in a clone there),
+#: whether the host's canaries and what earlier runs left are in its view, and its own dir's path.
+LOOK_AROUND = """\
+import os, sys
+ours = {{p.split('/')[2] for p in (os.getcwd(), sys.prefix, sys.base_prefix, os.path.realpath(sys.executable))
+        if p.startswith('/tmp/')}}
+print(sorted(set(os.listdir('/tmp')) - ours), os.listdir('/run'))
+print([os.path.lexists(p) for p in {seen!r}])
+print(os.listdir(os.path.dirname(os.getcwd())) == [os.path.basename(os.getcwd())])
+print(os.getcwd())
+"""
+
+
+def assert_runs_start_apart(server: ServeProcess) -> None:
+    """The host's files in /tmp and /run (readable by anyone) are not in a run's view, nor anything
+    of an earlier run: a file it left in /tmp, its dir (which it gave a mode, an extended attribute
+    and files), whether its root was kept for the next runs or not. /tmp holds the run's own dir
+    and the dirs of the Python it runs on (when they live under /tmp, as in a clone there), /run
+    nothing; the dir holding the run's dir holds nothing else."""
+    canaries = [Path(tempfile.mkdtemp(prefix="host-canary-", dir=top)) for top in ("/tmp", "/run")]
+    try:
+        for canary in canaries:
+            canary.chmod(0o755)
+            (canary / "secret.txt").write_text("host\n")
+            (canary / "secret.txt").chmod(0o644)
+        secrets = [str(c / "secret.txt") for c in canaries]
+        first = stdout_of(server.run(LOOK_AROUND.format(seen=secrets))).splitlines()
+        assert first[:3] == ["[] []", "[False, False]", "True"], first
+        # A run that marks its dir (in a root kept for later runs: it touches nothing else) ...
+        mark = (
+            "import os\n"
+            "os.chmod('.', 0o751)\n"
+            "try:\n"
+            "    os.setxattr('.', 'user.mark', b'earlier')\n"
+            "except OSError:\n"
+            "    pass  # (a file system without user xattrs: tmpfs before Linux 6.6)\n"
+            "os.mkdir('sub')\n"
+            "open('sub/left.txt', 'w').write('x')\n"
+            "open('left.txt', 'w').write('x')\n"
+            "print(os.getcwd())\n"
+        )
+        marked = stdout_of(server.run(mark)).strip()
+        # ... and one that leaves a file in /tmp (its root goes).
+        assert stdout_of(server.run("open('/tmp/left-by-a-run', 'w').write('x')\nprint('ok')")) == "ok\n"
+        seen = [*secrets, marked, f"{marked}/left.txt", "/tmp/left-by-a-run"]
+        for _ in range(3):  # (later runs, in a kept root or a fresh one, whichever their relay has)
+            later = stdout_of(server.run(LOOK_AROUND.format(seen=seen))).splitlines()
+            assert later[:3] == ["[] []", f"{[False] * len(seen)}", "True"], (marked, later)
+            assert later[3] != marked
+    finally:
+        for canary in canaries:
+            shutil.rmtree(canary, ignore_errors=True)
 
 
 def shape_command(shape: str, command: list[str], home: Path | None = None) -> list[str]:

@@ -30,6 +30,7 @@ from serve_process import (
     ORDINARY_UID,
     ServeProcess,
     a_runs_ids_on_the_host,
+    assert_runs_start_apart,
     is_server_process,
     run_uid_of,
     shape_command,
@@ -161,6 +162,12 @@ def test_host_files_can_be_neither_changed_nor_planted(
     assert stdout_of(server.run(code)) == "keep me\ndone\n"
     assert notes.read_text() == "keep me\n"
     assert not any(os.path.exists(path) for path in planted)
+
+
+def test_tmp_and_run_start_empty_and_runs_leave_nothing(server: ServeProcess) -> None:
+    """Nothing of the host's /tmp and /run nor of an earlier run in a run's view (see
+    :func:`serve_process.assert_runs_start_apart`)."""
+    assert_runs_start_apart(server)
 
 
 def test_secrets_stay_out(server: ServeProcess, home: Path) -> None:

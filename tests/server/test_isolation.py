@@ -31,11 +31,13 @@ from serve_process import (
     NO_PROXY,
     ServeProcess,
     a_runs_ids_on_the_host,
+    assert_runs_start_apart,
     run_uid_of,
     start_serve,
     stdout_of,
     stop_serve,
 )
+from visible_dirs import visible_dir
 
 from mocksandbox.execution.world import lite_unavailable_reason
 
@@ -54,15 +56,21 @@ _KEY_SPEC_SESSION_KEYRING, _KEY_SPEC_USER_KEYRING = -3, -4
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A home dir of the test's own holding credential canaries, the server's ``HOME``."""
-    home = tmp_path_factory.mktemp("home")
+def home() -> Iterator[Path]:
+    """A home dir of the test's own holding credential canaries, the server's ``HOME``: where runs
+    see it (not in /tmp, which they find empty), so that only the mask keeps its secrets from them."""
+    home = visible_dir("home-")
+    yield from _filled_home(home)
+
+
+def _filled_home(home: Path) -> Iterator[Path]:
     (home / ".ssh").mkdir(mode=0o700)
     (home / ".ssh" / "id_ed25519").write_text("CANARY-SSH-KEY\n")
     (home / ".aws").mkdir()
     (home / ".aws" / "credentials").write_text("[default]\naws_secret_access_key = CANARY-AWS\n")
     (home / ".netrc").write_text("machine example.com password CANARY-NETRC\n")
-    return home
+    yield home
+    shutil.rmtree(home, ignore_errors=True)
 
 
 #: As root, the servers here run twice: with idmapped mounts (``auto``: this machine's kernel takes
@@ -204,7 +212,8 @@ def test_a_run_makes_no_namespaces_and_mounts_nothing(server: ServeProcess) -> N
     ]
 
 
-def test_host_files_can_be_neither_changed_nor_planted(server: ServeProcess, tmp_path: Path) -> None:
+def test_host_files_can_be_neither_changed_nor_planted(server: ServeProcess, visible_tmp_path: Path) -> None:
+    tmp_path = visible_tmp_path
     canary = tmp_path / "canary"
     canary.write_text("keep me")
     tmp_path.chmod(0o755)  # (in the view of a run without idmapped mounts too, which is not root's)
@@ -482,7 +491,9 @@ def processes_with(marker: str) -> list[int]:
 
 def test_what_servers_keep_in_the_temp_root_is_hidden_even_when_made_later(server: ServeProcess) -> None:
     """State dirs, control sockets, shared counters and kernels' connection files of every server
-    (``<tmp>/mocksandbox-*``) look empty to a run, those made after the server started too."""
+    (``<tmp>/mocksandbox-*``), those made after the server started too, are not in a run's view: in
+    /tmp, which a run finds empty, not at all (elsewhere, a ``tmp_root`` of a run's view, they look
+    empty: the mask's ``hide_prefixed``)."""
     later = Path(tempfile.mkdtemp(prefix="mocksandbox-made-later-"))
     try:
         (later / "secret").write_text("CANARY")
@@ -494,11 +505,17 @@ def test_what_servers_keep_in_the_temp_root_is_hidden_even_when_made_later(serve
             "    return os.listdir(path) == [] if os.path.isdir(path) else os.path.getsize(path) == 0\n"
             f"print({later.name!r} in names, all(empty(os.path.join(root, n)) for n in names))\n"
         )
-        assert stdout_of(server.run(code)) == "True True\n"
+        assert stdout_of(server.run(code)) == "False True\n"
         answer = server.run("pass", fetch_files=[str(later / "secret")])
         assert answer["files"] == {}
     finally:
         shutil.rmtree(later)
+
+
+def test_tmp_and_run_start_empty_and_runs_leave_nothing(server: ServeProcess) -> None:
+    """Nothing of the host's /tmp and /run nor of an earlier run in a run's view, with idmapped
+    mounts and without (see :func:`serve_process.assert_runs_start_apart`)."""
+    assert_runs_start_apart(server)
 
 
 def _swedev(server: ServeProcess, endpoint: str, **payload: object) -> dict[str, object]:
@@ -509,7 +526,7 @@ def _swedev(server: ServeProcess, endpoint: str, **payload: object) -> dict[str,
 
 
 def test_swedev_sessions_run_in_worlds_of_their_own(
-    server: ServeProcess, tmp_path: Path, request: pytest.FixtureRequest
+    server: ServeProcess, visible_tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """A session's commands: the host untouched, secrets and the API out of reach, no signal to
     the server; what a command writes outside /workspace stays for the session's next commands
@@ -521,7 +538,7 @@ def test_swedev_sessions_run_in_worlds_of_their_own(
     instance = next(
         i for i in InstanceRegistry.from_paths([]).all() if i.instance_id == "sciutils__unitconv-311"
     )
-    canary = tmp_path / "canary"
+    canary = visible_tmp_path / "canary"
     canary.write_text("keep me")
     # Written outside /workspace, in the session's layer: in the image's /etc, or (without idmapped
     # mounts, where the host root's dirs are read-only to a command) in its root, which is its own.
@@ -563,14 +580,16 @@ def test_swedev_sessions_run_in_worlds_of_their_own(
     assert not os.path.exists(planted)
 
 
-def test_jupyter_kernels_run_in_worlds_of_their_own(server: ServeProcess, tmp_path: Path, home: Path) -> None:
+def test_jupyter_kernels_run_in_worlds_of_their_own(
+    server: ServeProcess, visible_tmp_path: Path, home: Path
+) -> None:
     """A kernel's cells: the host untouched, secrets, host services and the API out of reach, no
     signal to the server; ``files`` and ``fetch_files`` (absolute names, links) in its view."""
     if "jupyter: off" in "".join(server.banner):
         pytest.skip("no ipykernel for the server's interpreter")
-    canary = tmp_path / "canary"
+    canary = visible_tmp_path / "canary"
     canary.write_text("keep me")
-    tmp_path.chmod(0o755)  # (in the view of a kernel without idmapped mounts too, which is not root's)
+    visible_tmp_path.chmod(0o755)  # (in the view of a run without idmapped mounts too, not root's)
     planted = f"/etc/mocksandbox-kernel-{os.getpid()}"
     api_port = int(server.url.rsplit(":", 1)[1])
     cells = [

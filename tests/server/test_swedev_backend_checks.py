@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import requests
+import visible_dirs
 from pytest_httpserver import HTTPServer
 
 from mocksandbox.core import MockSandbox
@@ -36,17 +37,18 @@ HINT = (
 
 @pytest.fixture(scope="module")
 def backend() -> Iterator[ServerThread]:
-    """A SandboxFusion to run on: the mock itself."""
-    with running_server(load_settings(overrides={"port": 0})) as srv:
+    """A SandboxFusion to run on: the mock itself, whose runs' Python is this venv's (the
+    interpreter the tests name as its sandbox runtime's): its runs see it, wherever it lives (a
+    clone under /tmp, which runs otherwise find empty)."""
+    with running_server(load_settings(overrides={"port": 0, "python": sys.executable})) as srv:
         yield srv
 
 
 @pytest.fixture(scope="module")
-def python_without_pytest(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A fresh venv's interpreter: this project's Python, without pytest."""
-    venv = tmp_path_factory.mktemp("no-pytest") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    return str(venv / "bin" / "python")
+def python_without_pytest() -> Iterator[str]:
+    """A fresh venv's interpreter: this project's Python, without pytest (where worlds see it)."""
+    with visible_dirs.python_without_pytest() as python:
+        yield python
 
 
 def _serve_refused(*args: str) -> str:

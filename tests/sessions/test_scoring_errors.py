@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import visible_dirs
 
 from mocksandbox.core import MockSandbox
 from mocksandbox.execution.engine import program_environment
@@ -26,14 +26,15 @@ MakeManager = Callable[..., SessionManager]
 
 
 @pytest.fixture(scope="module")
-def python_without_pytest(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A fresh venv's interpreter: this project's Python, without pytest."""
-    venv = tmp_path_factory.mktemp("no-pytest") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    python = str(venv / "bin" / "python")
-    done = subprocess.run([python, "-m", "pytest", "--version"], capture_output=True, text=True, timeout=60)
-    assert done.returncode != 0 and "No module named pytest" in done.stderr
-    return python
+def python_without_pytest() -> Iterator[str]:
+    """A fresh venv's interpreter: this project's Python, without pytest. Where a session's world
+    sees it (not in /tmp, which worlds find empty but for the server's own Python)."""
+    with visible_dirs.python_without_pytest() as python:
+        done = subprocess.run(
+            [python, "-m", "pytest", "--version"], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode != 0 and "No module named pytest" in done.stderr
+        yield python
 
 
 def test_no_pytest_for_the_interpreter_is_an_error_not_a_zero(

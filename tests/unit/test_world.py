@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import fcntl
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,8 @@ def workspace(tmp_path: Path, host: Path) -> LayeredWorkspace:
         pytest.skip("the test's tmp dir is not on the root file system, the lowest layer")
     slots = _Slots(tmp_path / "slots")
     slots.path.mkdir(exist_ok=True)
-    return LayeredWorkspace(slots, str(tmp_path / "view-tmp"), (str(host / "secret"),))  # type: ignore[arg-type]
+    # (The host tree stands under tmp_path, in /tmp: not a dir that starts empty here.)
+    return LayeredWorkspace(slots, str(tmp_path / "view-tmp"), (str(host / "secret"),), fresh_dirs=())  # type: ignore[arg-type]
 
 
 def test_the_cwd_is_made_in_the_first_layer_with_a_fresh_name(tmp_path: Path, host: Path) -> None:
@@ -354,3 +356,24 @@ def test_without_idmapped_mounts_what_the_server_makes_for_a_run_is_the_runs(
     # The dirs on the way to the run's dir, as the host has them (root's), shifted.
     on_the_way = layer / str(tmp_path).lstrip("/")
     assert on_the_way.stat().st_uid == owner.uid + tmp_path.stat().st_uid
+
+
+def test_tmp_and_run_start_empty_in_the_runs_view(tmp_path: Path) -> None:
+    """What the host keeps in /tmp and /run is not in the run's view (the launcher's mask makes
+    them empty); the rest of the host is; /tmp keeps the host's mode (1777) on the way to the
+    run's dir."""
+    slots = _Slots(tmp_path / "slots")
+    slots.path.mkdir()
+    view = LayeredWorkspace(slots, "/tmp", ())  # type: ignore[arg-type]
+    fd, canary = tempfile.mkstemp(prefix="host-canary-", dir="/tmp")
+    try:
+        os.write(fd, b"host")
+        os.close(fd)
+        assert view.read_file(canary) is None and view.resolve(canary) is None
+        assert view.read_file("/etc/passwd") == Path("/etc/passwd").read_bytes()
+        assert os.path.dirname(view.cwd) == "/tmp"
+        assert os.stat(os.path.dirname(view.host_cwd)).st_mode & 0o7777 == os.stat("/tmp").st_mode & 0o7777
+        if os.path.isdir("/run"):
+            assert view.resolve("/run") == "/run" and view.read_file("/run/" + "x") is None
+    finally:
+        os.unlink(canary)

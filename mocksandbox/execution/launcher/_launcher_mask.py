@@ -1,8 +1,9 @@
 """The mask layer of a run's root: what hides the server's secrets and state from every run.
 
 A relay's world (``_launcher_world``) builds one :class:`Mask` once, on its scratch tmpfs, and
-stacks it in every run's root between the run's own layers and the host: an empty /dev, and every
-hidden path (secrets, the server's state: ``world["hide"]``) present but empty. Files that servers
+stacks it in every run's root between the run's own layers and the host: an empty /dev, an empty
+/tmp and /run (:data:`FRESH_TOPS`), and every hidden path (secrets, the server's state:
+``world["hide"]``) present but empty. Files that servers
 make as they go (``mocksandbox-*`` in their temp roots: ``world["hide_prefixed"]``) are hidden as
 they come and go, between runs (:meth:`Mask.refresh`).
 
@@ -18,8 +19,10 @@ and what it hides is the run root's too (it looks empty, not out of reach).
 
 import os
 
-#: Top-level dirs that a run of an unprivileged server finds empty, as in a fresh container (see
-#: :func:`host_tops`), but for what it must see there (``World.shown``).
+#: Top-level dirs that every run finds empty, as in a fresh container: its own files only, not the
+#: host's, its users' or their sockets (an agent's, a session bus, Docker's: a socket's path reaches
+#: across network namespaces), nor what earlier runs or other servers left there; but for what it
+#: must see there (``World.shown``). Left out of the tops (:func:`host_tops`), or opaque in the mask.
 FRESH_TOPS = ("tmp", "run")
 
 
@@ -75,8 +78,14 @@ class Mask:
         self.tops = tops
         self.shown = shown
         self.joins = joins
-        #: Dirs whose entries with a prefix are hidden as they come and go: ``[dir, prefix]``.
-        self.hidden_prefixes = [tuple(pair) for pair in config.get("hide_prefixed", [])]
+        #: Dirs whose entries with a prefix are hidden as they come and go: ``[dir, prefix]`` (not
+        #: in the fresh tops, which hide them all: a hidden one there would show its name).
+        fresh = tuple(f"/{name}" for name in FRESH_TOPS)
+        self.hidden_prefixes = [
+            tuple(pair)
+            for pair in config.get("hide_prefixed", [])
+            if not any(pair[0] == top or pair[0].startswith(top + "/") for top in fresh)
+        ]
         self._scanned: dict = {}
         self._masked: dict = {}
         self.hidden = config.get("hide", [])
@@ -124,10 +133,23 @@ class Mask:
                 except OSError:
                     continue
         self._dir("/dev", True)  # (the runs' /dev is mounted on it: World._build_dev)
+        if self.tops is None:  # (else they are no layer: empty plain dirs of the mask's top)
+            for name in FRESH_TOPS:
+                if os.path.isdir(self.host + "/" + name):
+                    self._dir("/" + name, True)  # (the host's mode and owner: /tmp stays 1777)
         for path in hidden:
-            self._hide(path)
+            if self.in_view(path):
+                self._hide(path)
         for path in self.shown:  # mount points for them (the host's own modes and owners)
             self._dir(path, False)
+
+    def in_view(self, path: str) -> bool:
+        """Whether the host's ``path`` is in a run's view at all: not in a fresh top (/tmp, /run),
+        which a run finds empty, but for a dir shown there. (A hidden path made here in a fresh top
+        would show its name there: an empty dir of the mask.)"""
+        if not any(path.startswith(f"/{name}/") for name in FRESH_TOPS):
+            return True
+        return any(path == shown or path.startswith(shown + "/") for shown in self.shown)
 
     def _reach(self, path: str) -> None:
         """Where programs join the runs' user namespace: the dirs on the way to the host dir

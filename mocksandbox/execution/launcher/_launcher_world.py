@@ -167,15 +167,12 @@ class World:
             calls.mount("/sys", self.scratch + "/sys", None, MS_BIND | MS_REC)
             calls.mount(None, self.scratch + "/sys", None, MS_BIND | MS_REMOUNT | read_only_sys)
         self._build_dev(calls)
-        #: Host dirs a run must see where its tops leave them out (the user's Python and runtime,
-        #: kept under /tmp by a CI job or a checkout there): bound read-only for each run.
-        self.shown: list = []
+        #: Host dirs a run must see where /tmp and /run start empty (the user's Python and
+        #: runtime, kept under /tmp by a CI job or a checkout there): bound read-only for each run.
+        fresh = tuple(f"/{name}/" for name in FRESH_TOPS)
+        self.shown: list = [p for p in config.get("show", []) if p.startswith(fresh) and os.path.isdir(p)]
         if self.users and not self.host:
             self.tops = host_tops()
-            fresh = [f"/{name}/" for name in FRESH_TOPS]
-            self.shown = [
-                p for p in config.get("show", []) if p.startswith(tuple(fresh)) and os.path.isdir(p)
-            ]
         #: The mask layer (hidden paths present but empty), built here once.
         self.mask_layer = Mask(
             self.mask, self.host, self.opaque_xattr, self.tops, self.shown, config, self.joins
@@ -285,7 +282,12 @@ class World:
             self._mount_top(root, name, how, world)
         for path in self.shown:
             self.calls.mount(path, root + path, None, MS_BIND | MS_REC)
-            self.calls.mount(None, root + path, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
+            # Read-only, keeping the flags it came with: in the runs' user namespace, a dir of an
+            # idmapped copy (/tmp, where the runs' layers are) is nosuid and nodev, locked so.
+            # (statvfs's ST_NOSUID, ST_NODEV and ST_NOEXEC are these MS_ values.)
+            kept = os.statvfs(root + path).f_flag & (MS_NOSUID | MS_NODEV | MS_NOEXEC)
+            self.calls.mount(None, root + path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | kept)
+            self._cover_hidden(root, path)
         self.calls.mount("/proc", root + "/proc", None, MS_BIND | MS_REC)
         self.calls.mount(self.scratch + "/sys", root + "/sys", None, MS_BIND | MS_REC)
         self.calls.mount(self.scratch + "/dev", root + "/dev", None, MS_BIND | MS_REC)
@@ -303,9 +305,7 @@ class World:
         if how == "bind":
             self.calls.mount("/" + name, target, None, MS_BIND | MS_REC)
             self.calls.mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
-            for hidden in self.mask_layer.hidden:  # no mask below a bind: the mask's empty ones over them
-                if hidden.startswith("/" + name + "/") and os.path.lexists(self.mask + hidden):
-                    self.calls.mount(self.mask + hidden, root + hidden, None, MS_BIND)
+            self._cover_hidden(root, "/" + name)
             return
         below = [layer + "/" + name for layer in world["lowers"]]
         below += [self.mask + "/" + name, "/" + name]
@@ -314,6 +314,13 @@ class World:
         self.calls.mount(
             "overlay", target, "overlay", 0, options + ",userxattr,redirect_dir=nofollow,index=off"
         )
+
+    def _cover_hidden(self, root: str, bound: str) -> None:
+        """No mask below a host dir bound whole in the run's ``root`` (a top dir with mounts inside,
+        a dir shown in /tmp): the mask's empty copies of the hidden paths inside it over them."""
+        for hidden in self.mask_layer.hidden:
+            if hidden.startswith(bound + "/") and os.path.lexists(self.mask + hidden):
+                self.calls.mount(self.mask + hidden, root + hidden, None, MS_BIND)
 
     def give_way(self, root: str, path: str) -> None:
         """Where programs join the runs' user namespace: the way to ``path`` in the run's ``root``
