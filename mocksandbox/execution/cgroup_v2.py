@@ -161,6 +161,25 @@ def _frozen(events: str) -> bool:
         return False
 
 
+def _others(procs_file: str) -> str:
+    """How many processes a ``cgroup.procs`` holds, and some of their pids, for a message. Not
+    ``_procs``: it drops the ``0`` the kernel shows for each process of another PID namespace
+    (a server in a container beside its host's processes, or one started in a PID namespace of
+    its own), and those count here as much as any."""
+    try:
+        entries = _read(procs_file).split()
+    except OSError:
+        return "none left now"
+    visible = [entry.decode() for entry in entries if entry != b"0"]
+    hidden = len(entries) - len(visible)
+    parts = []
+    if visible:
+        parts.append(f"e.g. pid {', '.join(visible[:3])}")
+    if hidden:
+        parts.append(f"{hidden} of other PID namespaces" if visible else "of other PID namespaces")
+    return f"{len(entries)}, {'; '.join(parts)}" if parts else "none left now"
+
+
 def _wait(condition: Callable[[], bool], within: float) -> bool:
     """Poll ``condition`` with a growing pause until it holds or ``within`` seconds passed."""
     deadline = time.monotonic() + within
@@ -531,13 +550,12 @@ class CgroupV2Confinement:
         except OSError as exc:
             if exc.errno != errno.EBUSY:
                 raise
-            others = _procs(str(self.home / "cgroup.procs"))
             raise OSError(
                 errno.EBUSY,
-                f"the cgroup v2 {self.home} holds other processes ({len(others)}, e.g. pid "
-                f"{', '.join(map(str, others[:3]))}): v2 enables controllers only in a cgroup "
-                "without processes, and the server moves none but itself (start it in a cgroup "
-                "of its own: `systemd-run --scope -p Delegate=yes`, a container)",
+                f"the cgroup v2 {self.home} holds other processes "
+                f"({_others(str(self.home / 'cgroup.procs'))}): v2 enables controllers only in a "
+                "cgroup without processes, and the server moves none but itself (start it in a "
+                "cgroup of its own: `systemd-run --scope -p Delegate=yes`, a container)",
             ) from None
         enable_controllers(fs, self.subtree, self.controllers)
         fs.mkdir(self.runs)

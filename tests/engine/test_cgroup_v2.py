@@ -273,6 +273,28 @@ def test_a_home_shared_with_other_processes_is_refused_and_left_as_it_was(
     assert [p.name for p in home.iterdir() if p.is_dir()] == []
 
 
+@pytest.mark.parametrize(
+    ("others", "said"),
+    [
+        ("0 0 0", "(3, of other PID namespaces)"),
+        ("4242 0 0", "(3, e.g. pid 4242; 2 of other PID namespaces)"),
+        ("4242 4243 4244 4245", "(4, e.g. pid 4242, 4243, 4244)"),
+    ],
+    ids=["all-hidden", "some-hidden", "none-hidden"],
+)
+def test_other_processes_of_the_home_are_counted_those_of_other_pid_namespaces_too(
+    fake: tuple[FakeCgroupFs, Path], others: str, said: str
+) -> None:
+    """The kernel lists a process of another PID namespace as pid 0 (a server in a container
+    beside the host's processes): it holds the home as much as one that is seen."""
+    fs, home = fake
+    (home / "cgroup.procs").write_text(f"{os.getpid()} {others}")
+    with pytest.raises(OSError) as refused:
+        _fake_confinement(fs, home)
+    assert refused.value.errno == errno.EBUSY
+    assert f"holds other processes {said}: v2 enables" in str(refused.value)
+
+
 def test_a_home_without_the_limit_controllers_is_refused(tmp_path: Path) -> None:
     fs = FakeCgroupFs(tmp_path / "cgroup", offered="hugetlb")
     with pytest.raises(OSError) as refused:
