@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import importlib.util
 import os
 import secrets
 import shutil
@@ -1018,6 +1019,24 @@ def test_this_hosts_v2_is_offered_only_with_pids_and_memory() -> None:
         with pytest.raises(OSError) as refused:
             CgroupV2Confinement(64, 256)
         assert refused.value.errno == errno.EOPNOTSUPP
+
+
+def test_the_engines_cgroup_cases_take_v2_where_v1_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a pure cgroup v2 host (the tests/vm guest) the engine's ``cgroup`` cases run under v2,
+    as ``create_confinement`` would choose it, instead of skipping for want of v1; they skip only
+    where neither can be had, with why v2 cannot. (tests/engine/conftest.py, loaded by path: a
+    plain ``import conftest`` gets whichever directory's conftest was loaded last.)"""
+    spec = importlib.util.spec_from_file_location("engine_conftest", Path(__file__).with_name("conftest.py"))
+    assert spec is not None and spec.loader is not None
+    engine_conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(engine_conftest)
+    monkeypatch.setattr(CgroupConfinement, "available", classmethod(lambda cls: False))
+    monkeypatch.setattr(cgroup_v2, "unavailable_reason", lambda *args, **kwargs: None)
+    assert engine_conftest.cgroup_unavailable_reason() is None
+    why = "the cgroup v2 /sys/fs/cgroup/x is given no pids or memory controller"
+    monkeypatch.setattr(cgroup_v2, "unavailable_reason", lambda *args, **kwargs: why)
+    reason = engine_conftest.cgroup_unavailable_reason()
+    assert reason is not None and "cgroup v1 controllers are not writable" in reason and reason.endswith(why)
 
 
 def test_v1_stays_first_where_it_is_writable() -> None:
