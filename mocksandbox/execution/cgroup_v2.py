@@ -19,7 +19,10 @@ to ``cgroup.procs`` moves the whole process, every thread), and only then enable
 ``memory`` in ``H`` (which must then be empty: where other processes share ``H`` this fails with
 ``EBUSY``, the server moves back and says why) and in its own subtree, then makes the runs'
 groups. Nothing but the server itself is ever moved: a cgroup of the server's own (a systemd scope
-with ``Delegate=yes``, a container) is what v2 confinement needs.
+with ``Delegate=yes``, a container) is what v2 confinement needs. Closing undoes it in reverse: the
+runs' groups go, the controllers the server enabled in ``H`` are disabled again (v2 lets no
+process back into a cgroup with controllers enabled for its children), the server moves back and
+removes its subtree, so that ``H`` is left as it was found.
 
 **Runs that join as another uid.** A run's first process (forked by a relay, which sits in the
 ``server`` leaf) writes its own pid into its run's ``cgroup.procs``; under isolation ``lite`` it is
@@ -118,8 +121,9 @@ class CgroupFs:
 # -- the thin layer: controllers and limits ----------------------------------------------------------
 
 
-def enable_controllers(fs: CgroupFs, group: Path, controllers: Sequence[str]) -> None:
-    """Let ``group``'s children use ``controllers`` (those not enabled yet, in one write).
+def enable_controllers(fs: CgroupFs, group: Path, controllers: Sequence[str]) -> list[str]:
+    """Let ``group``'s children use ``controllers`` (those not enabled yet, in one write);
+    returns those this enabled (what :func:`disable_controllers` gives back).
 
     v2 refuses this with ``EBUSY`` while ``group`` holds a process (the root excepted), and with
     ``ENOENT`` for a controller ``group`` was not given (its ``cgroup.controllers``): the caller
@@ -129,6 +133,19 @@ def enable_controllers(fs: CgroupFs, group: Path, controllers: Sequence[str]) ->
     missing = [c for c in controllers if c not in enabled]
     if missing:
         fs.write(group / "cgroup.subtree_control", " ".join(f"+{c}" for c in missing))
+    return missing
+
+
+def disable_controllers(fs: CgroupFs, group: Path, controllers: Sequence[str]) -> None:
+    """Take ``controllers`` from ``group``'s children again (those still enabled, in one write).
+
+    v2 refuses this with ``EBUSY`` while a child of ``group`` has one of them enabled for its own
+    children: the caller disables from the bottom up, the reverse of enabling.
+    """
+    enabled = (group / "cgroup.subtree_control").read_text().split()
+    present = [c for c in controllers if c in enabled]
+    if present:
+        fs.write(group / "cgroup.subtree_control", " ".join(f"-{c}" for c in present))
 
 
 def set_limits(fs: CgroupFs, group: Path, max_processes: int | None, max_memory_bytes: int | None) -> None:
@@ -159,6 +176,25 @@ def _frozen(events: str) -> bool:
         return b"frozen 1" in _read(events)
     except OSError:
         return False
+
+
+def _others(procs_file: str) -> str:
+    """How many processes a ``cgroup.procs`` holds, and some of their pids, for a message. Not
+    ``_procs``: it drops the ``0`` the kernel shows for each process of another PID namespace
+    (a server in a container beside its host's processes, or one started in a PID namespace of
+    its own), and those count here as much as any."""
+    try:
+        entries = _read(procs_file).split()
+    except OSError:
+        return "none left now"
+    visible = [entry.decode() for entry in entries if entry != b"0"]
+    hidden = len(entries) - len(visible)
+    parts = []
+    if visible:
+        parts.append(f"e.g. pid {', '.join(visible[:3])}")
+    if hidden:
+        parts.append(f"{hidden} of other PID namespaces" if visible else "of other PID namespaces")
+    return f"{len(entries)}, {'; '.join(parts)}" if parts else "none left now"
 
 
 def _wait(condition: Callable[[], bool], within: float) -> bool:
@@ -245,11 +281,16 @@ def unavailable_reason(
 def _remove_subtree(fs: CgroupFs, subtree: Path) -> bool:
     """``rmdir`` a server's subtree from the leaves up (nothing is moved or killed here); whether
     it is gone. A group that still holds a process is left, and so is everything above it."""
+    _remove_runs(fs, subtree)
+    _rmdir_quietly(fs, subtree / SERVER_LEAF)
+    return _rmdir_quietly(fs, subtree)
+
+
+def _remove_runs(fs: CgroupFs, subtree: Path) -> bool:
+    """``rmdir`` the runs' groups of a server's subtree and ``runs`` itself; whether it is gone."""
     for run in subtree.glob(f"{RUNS_DIR}/run-*"):
         _rmdir_quietly(fs, run)
-    for leaf in (subtree / RUNS_DIR, subtree / SERVER_LEAF):
-        _rmdir_quietly(fs, leaf)
-    return _rmdir_quietly(fs, subtree)
+    return _rmdir_quietly(fs, subtree / RUNS_DIR)
 
 
 def _rmdir_quietly(fs: CgroupFs, path: Path) -> bool:
@@ -453,8 +494,10 @@ class CgroupV2Confinement:
     ``runs`` is capped at the budgets' ``runs_total``, so that the runs in flight together can
     never take what the server needs (see :mod:`mocksandbox.execution.budget`); each run at
     ``per_run``. Building it moves this process into the subtree's ``server`` leaf; closing it
-    moves it back where it was, where v2 allows (not into a cgroup that has controllers enabled
-    for its children by then: it then stays, and the next server removes the leaf once empty).
+    disables what it enabled in ``home`` and moves it back where it was, where v2 allows (not
+    into a cgroup that has controllers enabled for its children by then, as another server's
+    subtree beside ours may keep them: it then stays, and the next server removes the leaf once
+    empty).
 
     ``controllers``: those the runs are bounded by (``pids`` and ``memory``; tests on a host whose
     v2 hierarchy has neither pass others or none: the tree, moves and kills, no limits).
@@ -509,6 +552,8 @@ class CgroupV2Confinement:
         self.runs = self.subtree / RUNS_DIR
         self._subtree_lock: int | None = None
         self._moved = False
+        #: The controllers this server enabled in ``home`` (to give back when it closes).
+        self._enabled_in_home: list[str] = []
         try:
             self._build()
         except BaseException:
@@ -527,19 +572,21 @@ class CgroupV2Confinement:
         # What a dead server left (the leaf we just left included, if it was one's).
         reclaim_dead_subtrees(fs, self.home)
         try:
-            enable_controllers(fs, self.home, self.controllers)
+            # Under the home's lock, so that a server closing beside us (which disables what it
+            # enabled there, see _give_back_home) never does so between these two writes.
+            with holding_home(self.home):
+                self._enabled_in_home = enable_controllers(fs, self.home, self.controllers)
+                enable_controllers(fs, self.subtree, self.controllers)
         except OSError as exc:
             if exc.errno != errno.EBUSY:
                 raise
-            others = _procs(str(self.home / "cgroup.procs"))
             raise OSError(
                 errno.EBUSY,
-                f"the cgroup v2 {self.home} holds other processes ({len(others)}, e.g. pid "
-                f"{', '.join(map(str, others[:3]))}): v2 enables controllers only in a cgroup "
-                "without processes, and the server moves none but itself (start it in a cgroup "
-                "of its own: `systemd-run --scope -p Delegate=yes`, a container)",
+                f"the cgroup v2 {self.home} holds other processes "
+                f"({_others(str(self.home / 'cgroup.procs'))}): v2 enables controllers only in a "
+                "cgroup without processes, and the server moves none but itself (start it in a "
+                "cgroup of its own: `systemd-run --scope -p Delegate=yes`, a container)",
             ) from None
-        enable_controllers(fs, self.subtree, self.controllers)
         fs.mkdir(self.runs)
         enable_controllers(fs, self.runs, self.controllers)
         set_limits(
@@ -559,23 +606,51 @@ class CgroupV2Confinement:
         self.new_jail().remove()
 
     def _unbuild(self) -> None:
-        """Undo what was built (any part of it): this process back where it was, the groups
+        """Undo what was built (any part of it): the runs' groups removed, the controllers this
+        server enabled in its home disabled again, this process back where it was, the rest
         removed, the lock released."""
-        if self._moved and self._leave_leaf():
-            self._moved = False
-            # What we forked dies on its own time (a launcher we closed, an init killed with its
-            # parent): let it leave the leaf before removing it.
-            events = str(self.server_leaf / "cgroup.events")
-            _wait(lambda: not _populated(events), 1.0)
-        _remove_subtree(self._fs, self.subtree)
+        _remove_runs(self._fs, self.subtree)
+        if self._moved:
+            with holding_home(self.home):
+                # One hold for both: a server starting beside us enables under it, and would
+                # otherwise enable again between them, refusing our move back.
+                self._give_back_home()
+                left = self._leave_leaf()
+            if left:
+                self._moved = False
+                # What we forked dies on its own time (a launcher we closed, an init killed with
+                # its parent): let it leave the leaf before removing it.
+                events = str(self.server_leaf / "cgroup.events")
+                _wait(lambda: not _populated(events), 1.0)
+        _rmdir_quietly(self._fs, self.server_leaf)
+        _rmdir_quietly(self._fs, self.subtree)
         if self._subtree_lock is not None:
             os.close(self._subtree_lock)
             self._subtree_lock = None
 
+    def _give_back_home(self) -> None:
+        """Disable in ``home`` the controllers this server enabled there, leaving it as found (a
+        systemd unit with ``Delegate=yes`` holds its own processes again, with no controller
+        enabled for its children): v2 lets no process back into a cgroup that has controllers
+        enabled for its children, so while they stay, this process cannot leave its leaf and
+        the leaf and subtree outlive it. From the bottom up, as v2 asks: our subtree's first
+        (the runs' groups are gone by now), then the home's. Where v2 refuses (a run's group
+        still holds a process, or another server's subtree under the same home uses them) they
+        stay, and so does this process (the next server reclaims the subtree once empty).
+        Controllers found enabled in ``home`` are not ours to take away."""
+        if not self._enabled_in_home:
+            return
+        try:
+            disable_controllers(self._fs, self.subtree, self.controllers)
+            disable_controllers(self._fs, self.home, self._enabled_in_home)
+        except OSError:
+            return
+        self._enabled_in_home = []
+
     def _leave_leaf(self) -> bool:
         """Move this process back to where it came from, if it still sits in our leaf; whether
         it is out of it. v2 refuses the move into a cgroup with controllers enabled for its
-        children (as ``home`` has, once we enabled them there)."""
+        children (as ``home`` has while the controllers we enabled there stay)."""
         pid = os.getpid()
         if pid not in _procs(str(self.server_leaf / "cgroup.procs")):
             return True

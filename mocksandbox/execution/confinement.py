@@ -652,7 +652,14 @@ class ProcessGroupConfinement:
       bomb stops before the server's threads do.
     * ``RLIMIT_DATA`` (a process's heap and private writable memory; not its address space, which
       runtimes such as V8 and the JVM reserve in the gigabytes) and ``RLIMIT_FSIZE`` (one file's
-      size: scratch space) at ``max_memory_mb``: per process, not per run.
+      size: scratch space) at what one run may use, as under cgroups: ``max_memory_mb``, or the
+      memory budget's share of one run where that is less (``max_memory_mb`` alone let one hog
+      of a small host take the host's memory, and the kernel's OOM killer then chose among all
+      its processes, the server's included). Per process, not per run: nothing holds a run's
+      processes together, nor all runs (the budget is read and said, not enforced). The file
+      size follows the same figure: a run's files are memory where they are on a tmpfs (the runs'
+      tmpfs of a world, a ``/tmp`` on tmpfs) and are counted in a run's memory under cgroups, so
+      one file may be as large as one run's memory and no larger.
 
     ``why``: why no cgroup could be had (shown by :meth:`describe`).
     """
@@ -673,6 +680,9 @@ class ProcessGroupConfinement:
             memory_budget = dataclasses.replace(memory_budget, not_held=MEMORY_NOT_HELD)
         self.memory_budget = memory_budget
         self.max_memory_bytes = max_memory_mb * 1024 * 1024
+        if memory_budget.runs_total is not None:
+            # (Only where the host's memory was read: without it, per_run is a placeholder.)
+            self.max_memory_bytes = min(self.max_memory_bytes, memory_budget.per_run)
         #: The uid runs are, where it is theirs alone.
         self._runs_uid: int | None = None
         self.why = why

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from mocksandbox.core import MockSandbox
+from mocksandbox.execution import cgroup_v2
 from mocksandbox.execution.budget import MemoryBudget, ProcessBudget
 from mocksandbox.execution.confinement import CgroupConfinement, Confinement
 from mocksandbox.execution.engine import ExecutionEngine, create_engine
@@ -28,6 +29,21 @@ def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 #: that is not root has no idmapped mounts to turn off.)
 NO_IDMAP = "-noidmap"
 _AS_ROOT = os.geteuid() == 0
+
+
+def cgroup_unavailable_reason() -> str | None:
+    """Why confinement ``cgroup`` cannot be had here (``None``: it can), as ``create_confinement``
+    chooses it: cgroup v1 where its controllers are writable, else cgroup v2 where the server's
+    own cgroup is given ``pids`` and ``memory`` and is writable (a pure v2 host: most hosts users
+    have, and the cgroup v2 guest of ``tests/vm``). Building the v2 tree proves the rest: a v2
+    host whose check passes and whose build fails (a home shared with other processes) fails the
+    test, as it would fail the server's start."""
+    if CgroupConfinement.available():
+        return None
+    why_not_v2 = cgroup_v2.unavailable_reason()
+    if why_not_v2 is None:
+        return None
+    return f"no cgroup confinement here: cgroup v1 controllers are not writable, and {why_not_v2}"
 
 
 @pytest.fixture(
@@ -55,12 +71,13 @@ _AS_ROOT = os.geteuid() == 0
 def sandbox(request: pytest.FixtureRequest, runs_dir: Path) -> Iterator[MockSandbox]:
     """The real engine under each confinement this host offers, in both execution modes, with
     and without a world of its own per run (isolation lite where this host allows it; as root,
-    with idmapped mounts and without)."""
+    with idmapped mounts and without). ``cgroup`` is v1 where its controllers are writable, else
+    v2 (:func:`cgroup_unavailable_reason`)."""
     mode, exec_mode, isolation = request.param
     idmapped_mounts = "off" if isolation.endswith(NO_IDMAP) else "auto"
     isolation = isolation.removesuffix(NO_IDMAP)
-    if mode == "cgroup" and not CgroupConfinement.available():
-        pytest.skip("cgroup v1 pids/memory/freezer controllers are not writable here")
+    if mode == "cgroup" and (why_no_cgroup := cgroup_unavailable_reason()) is not None:
+        pytest.skip(why_no_cgroup)
     if isolation == "lite" and (reason := lite_unavailable_reason()) is not None:
         pytest.skip(reason)
     overrides = {

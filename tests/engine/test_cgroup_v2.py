@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import importlib.util
 import os
 import secrets
 import shutil
@@ -126,18 +127,25 @@ class FakeCgroupFs(CgroupFs):
 
     def _enable(self, group: Path, value: str) -> None:
         offered = (group / "cgroup.controllers").read_text().split()
-        wanted = [token[1:] for token in value.split()]
+        wanted = [token[1:] for token in value.split() if token.startswith("+")]
+        unwanted = [token[1:] for token in value.split() if token.startswith("-")]
         if any(c not in offered for c in wanted):
             raise FileNotFoundError(errno.ENOENT, "controller not given to this cgroup")
-        if group != self.root and self._procs(group):
+        if wanted and group != self.root and self._procs(group):
             raise OSError(errno.EBUSY, "a cgroup holding processes cannot enable controllers")
+        children = [c for c in group.iterdir() if c.is_dir()]
+        if any(c in (child / "cgroup.subtree_control").read_text().split() for child in children for c in unwanted):
+            raise OSError(errno.EBUSY, "a child has the controller enabled for its own children")
         enabled = (group / "cgroup.subtree_control").read_text().split()
-        enabled += [c for c in wanted if c not in enabled]
+        enabled = [c for c in enabled if c not in unwanted] + [c for c in wanted if c not in enabled]
         (group / "cgroup.subtree_control").write_text(" ".join(enabled))
-        for child in (c for c in group.iterdir() if c.is_dir()):
+        for child in children:
             (child / "cgroup.controllers").write_text(" ".join(enabled))
             for controller in enabled:
                 self._controller_files(child, controller)
+            for controller in unwanted:
+                for name in _CONTROLLER_FILES[controller]:
+                    (child / name).unlink(missing_ok=True)
 
     def _move(self, group: Path, pid: str) -> None:
         if group != self.root and (group / "cgroup.subtree_control").read_text().split():
@@ -201,11 +209,60 @@ def test_the_tree_is_built_in_the_order_v2_requires(fake: tuple[FakeCgroupFs, Pa
     jail.close()
     assert confinement.new_jail() is jail  # drained: reused
     jail.close()
+    fs.ops.clear()
     confinement.close()
-    # Moving back into a cgroup with controllers enabled for its children is refused (EBUSY): the
-    # process stays in its leaf, the subtree is left unlocked for the next server.
-    assert (confinement.server_leaf / "cgroup.procs").read_text() == pid
-    assert not confinement.runs.exists()
+    # Undone in reverse: v2 lets no process back into a cgroup with controllers enabled for its
+    # children, and refuses to disable one above a child that has it enabled.
+    assert fs.ops == [
+        ("rmdir", f"{sub}/runs/run-1", ""),
+        ("rmdir", f"{sub}/runs", ""),
+        ("write", f"{sub}/cgroup.subtree_control", "-pids -memory"),
+        ("write", "job/cgroup.subtree_control", "-pids -memory"),
+        ("write", "job/cgroup.procs", pid),
+        ("rmdir", f"{sub}/server", ""),
+        ("rmdir", sub, ""),
+    ]
+    assert (home / "cgroup.procs").read_text() == pid
+    assert (home / "cgroup.subtree_control").read_text() == ""
+    assert [p for p in home.iterdir() if p.is_dir()] == []
+
+
+def test_closing_leaves_controllers_it_found_enabled_in_its_home(fake: tuple[FakeCgroupFs, Path]) -> None:
+    """A home that had ``pids`` enabled for its children already (by whoever set it up) keeps it:
+    only what this server enabled is given back. (A home with controllers enabled cannot have
+    held the server, so the server came from elsewhere, here a leaf of its own beside.)"""
+    fs, home = fake
+    came_from = home / "elsewhere"
+    fs.mkdir(came_from)
+    fs.write(came_from / "cgroup.procs", str(os.getpid()))
+    fs.write(home / "cgroup.subtree_control", "+pids")
+    budget = ProcessBudget(binding=None, server_reserve=0, runs_total=256, per_run=32)
+    memory = MemoryBudget(binding=None, server_reserve=0, runs_total=300 * MIB, per_run=200 * MIB)
+    confinement = CgroupV2Confinement(512, 4096, budget, memory, home=home, came_from=came_from, fs=fs)
+    assert ("write", "job/cgroup.subtree_control", "+memory") in fs.ops
+    fs.ops.clear()
+    confinement.close()
+    assert ("write", "job/cgroup.subtree_control", "-memory") in fs.ops
+    assert (home / "cgroup.subtree_control").read_text() == "pids"
+    assert (came_from / "cgroup.procs").read_text() == str(os.getpid())
+    assert not confinement.subtree.exists()
+
+
+def test_controllers_another_server_beside_still_uses_stay_and_so_does_the_closing_one(
+    fake: tuple[FakeCgroupFs, Path],
+) -> None:
+    """Two servers that left one home: the first enabled its controllers, the second found them.
+    The first to close cannot take them (v2 refuses while the other's subtree uses them), so it
+    stays in its leaf for the next server to reclaim once empty; the other is unharmed."""
+    fs, home = fake
+    first = _fake_confinement(fs, home)
+    other = home / "beside"  # (the second server's subtree, once it has left home too)
+    fs.mkdir(other)
+    fs.write(other / "cgroup.subtree_control", "+pids +memory")
+    first.close()
+    assert (home / "cgroup.subtree_control").read_text().split() == ["pids", "memory"]
+    assert (other / "cgroup.subtree_control").read_text().split() == ["pids", "memory"]
+    assert (first.server_leaf / "cgroup.procs").read_text() == str(os.getpid())
 
 
 def test_the_fake_tree_refuses_what_v2_refuses(fake: tuple[FakeCgroupFs, Path]) -> None:
@@ -271,6 +328,28 @@ def test_a_home_shared_with_other_processes_is_refused_and_left_as_it_was(
     assert "systemd-run --scope -p Delegate=yes" in str(refused.value)
     assert sorted((home / "cgroup.procs").read_text().split()) == sorted([str(os.getpid()), "4242"])
     assert [p.name for p in home.iterdir() if p.is_dir()] == []
+
+
+@pytest.mark.parametrize(
+    ("others", "said"),
+    [
+        ("0 0 0", "(3, of other PID namespaces)"),
+        ("4242 0 0", "(3, e.g. pid 4242; 2 of other PID namespaces)"),
+        ("4242 4243 4244 4245", "(4, e.g. pid 4242, 4243, 4244)"),
+    ],
+    ids=["all-hidden", "some-hidden", "none-hidden"],
+)
+def test_other_processes_of_the_home_are_counted_those_of_other_pid_namespaces_too(
+    fake: tuple[FakeCgroupFs, Path], others: str, said: str
+) -> None:
+    """The kernel lists a process of another PID namespace as pid 0 (a server in a container
+    beside the host's processes): it holds the home as much as one that is seen."""
+    fs, home = fake
+    (home / "cgroup.procs").write_text(f"{os.getpid()} {others}")
+    with pytest.raises(OSError) as refused:
+        _fake_confinement(fs, home)
+    assert refused.value.errno == errno.EBUSY
+    assert f"holds other processes {said}: v2 enables" in str(refused.value)
 
 
 def test_a_home_without_the_limit_controllers_is_refused(tmp_path: Path) -> None:
@@ -621,9 +700,11 @@ def test_the_server_leaves_its_cgroup_before_enabling_controllers_there(
     controller_home: tuple[Path, str],
 ) -> None:
     """The confinement's own handling of the rule, on the real kernel: this process alone in
-    ``home`` moves into its leaf, then enables the controller in ``home``; closing cannot move it
-    back (``home`` has a controller enabled now), so it stays in its leaf, unlocked, and the next
-    server's reclaim removes the subtree once it is empty."""
+    ``home`` moves into its leaf, then enables the controller in ``home``; closing disables it
+    there again and moves back, leaving ``home`` as it was (a systemd unit with ``Delegate=yes``).
+    Where a cgroup beside keeps the controller enabled (another server's subtree), v2 refuses
+    both: the process stays in its leaf, unlocked, and the next server's reclaim removes the
+    subtree once it is empty."""
     home, controller = controller_home
     (home / "cgroup.procs").write_text(str(os.getpid()))
     box = CgroupV2Confinement(64, 256, controllers=(controller,), home=home, came_from=home)
@@ -634,7 +715,17 @@ def test_the_server_leaves_its_cgroup_before_enabling_controllers_there(
     assert controller in (Path(jail.procs_files[0]).parent / "cgroup.controllers").read_text().split()
     jail.close()
     box.close()
+    assert _cgroup_of("self") == _v2_path(home)
+    assert (home / "cgroup.subtree_control").read_text().split() == []
+    assert [p for p in home.iterdir() if p.is_dir()] == []
+
+    box = CgroupV2Confinement(64, 256, controllers=(controller,), home=home, came_from=home)
+    beside = home / "beside"
+    beside.mkdir()
+    (beside / "cgroup.subtree_control").write_text(f"+{controller}")
+    box.close()
     assert _cgroup_of("self") == _v2_path(box.server_leaf)
+    beside.rmdir()
     assert reclaim_dead_subtrees(CgroupFs(), home) == []  # busy: this process is in it
     mount = cgroup_v2.cgroup2_mount()
     assert mount is not None
@@ -928,6 +1019,24 @@ def test_this_hosts_v2_is_offered_only_with_pids_and_memory() -> None:
         with pytest.raises(OSError) as refused:
             CgroupV2Confinement(64, 256)
         assert refused.value.errno == errno.EOPNOTSUPP
+
+
+def test_the_engines_cgroup_cases_take_v2_where_v1_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a pure cgroup v2 host (the tests/vm guest) the engine's ``cgroup`` cases run under v2,
+    as ``create_confinement`` would choose it, instead of skipping for want of v1; they skip only
+    where neither can be had, with why v2 cannot. (tests/engine/conftest.py, loaded by path: a
+    plain ``import conftest`` gets whichever directory's conftest was loaded last.)"""
+    spec = importlib.util.spec_from_file_location("engine_conftest", Path(__file__).with_name("conftest.py"))
+    assert spec is not None and spec.loader is not None
+    engine_conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(engine_conftest)
+    monkeypatch.setattr(CgroupConfinement, "available", classmethod(lambda cls: False))
+    monkeypatch.setattr(cgroup_v2, "unavailable_reason", lambda *args, **kwargs: None)
+    assert engine_conftest.cgroup_unavailable_reason() is None
+    why = "the cgroup v2 /sys/fs/cgroup/x is given no pids or memory controller"
+    monkeypatch.setattr(cgroup_v2, "unavailable_reason", lambda *args, **kwargs: why)
+    reason = engine_conftest.cgroup_unavailable_reason()
+    assert reason is not None and "cgroup v1 controllers are not writable" in reason and reason.endswith(why)
 
 
 def test_v1_stays_first_where_it_is_writable() -> None:

@@ -5,6 +5,8 @@ can do on each host shape; these cases cover the combinations a machine cannot m
 
 from __future__ import annotations
 
+import resource
+
 from mocksandbox.execution import world
 from mocksandbox.execution.budget import MemoryBudget, ProcessBudget
 from mocksandbox.execution.confinement import ProcessGroupConfinement
@@ -84,3 +86,21 @@ def test_runs_without_idmapped_mounts_are_their_uid_and_it_says_which_way_and_wh
     assert isolation.run_owner() == world.RunOwner(1 << 30, 1 << 30)
     # With them, the server's own writes are the run's as they are: nobody to give them to.
     assert Isolation("lite", run_uid=1 << 30).run_owner() is None
+
+
+def test_without_cgroups_a_process_may_use_no_more_than_the_memory_budgets_share_of_a_run() -> None:
+    """``max_memory_mb`` alone let one hog of a small host (4096 MiB of a 3 GiB machine) bring
+    the kernel's OOM killer for the whole machine: the rlimits, and what the table and
+    ``describe`` say, are one run's share of the memory budget where that is less."""
+    mib = 1 << 20
+    budget = MemoryBudget(None, 512 * mib, 1536 * mib, 1200 * mib)
+    confinement = ProcessGroupConfinement(ProcessBudget(None, 0, None, 256), budget, 4096)
+    assert confinement.max_memory_bytes == 1200 * mib
+    limits = dict(confinement.rlimits())
+    assert (limits[resource.RLIMIT_DATA], limits[resource.RLIMIT_FSIZE]) == (1200 * mib, 1200 * mib)
+    assert "RLIMIT_DATA and RLIMIT_FSIZE 1200 MiB per process" in confinement.describe()
+    table = format_table(protections(Isolation("lite", run_uid=1 << 30, syscall_filter=True), confinement))
+    assert "RLIMIT_DATA 1200 MiB per process" in table and "RLIMIT_FSIZE 1200 MiB per file" in table
+    # The setting, where it is the smaller; and where no memory was read, the setting alone.
+    assert ProcessGroupConfinement(None, budget, 1024).max_memory_bytes == 1024 * mib
+    assert ProcessGroupConfinement(None, MemoryBudget(None, 0, None, 0), 4096).max_memory_bytes == 4096 * mib
