@@ -103,7 +103,7 @@ def _doctor(args: argparse.Namespace) -> int:
         print(f"mocksandbox: cannot set up execution: {exc}", file=sys.stderr)
         return 2
     try:
-        rows = protections(engine.isolation, confinement)
+        rows = protections(engine.isolation, confinement, engine.proofs)
         # The rest of what `serve --verbose` says of runs here (the table stands for its summary).
         details = [line for line in host_lines(engine, confinement, settings) if "protections:" not in line]
     finally:

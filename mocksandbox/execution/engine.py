@@ -27,6 +27,7 @@ from mocksandbox.execution.languages import (
 )
 from mocksandbox.execution.launcher import Launcher, LauncherError
 from mocksandbox.execution.process import CommandSpec, ProcessRunner
+from mocksandbox.execution.startup_proof import Proof, StartupProbe
 from mocksandbox.execution.syscall_filter import FilterUnavailable, compile_run_filter
 from mocksandbox.execution.workdirs import WorkdirPool
 from mocksandbox.execution.world import (
@@ -194,6 +195,9 @@ class ExecutionEngine:
         }
         #: User Python against production's (its version, its packages): notes beside answers.
         self.python_runtime = PythonRuntime(settings.python, settings.production_python)
+        #: What the start-up run tried and what came of it, by protection (:meth:`prove_isolation`;
+        #: none without one: isolation none).
+        self.proofs: dict[str, Proof] = {}
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -339,42 +343,50 @@ class ExecutionEngine:
             f"(mocksandbox runtime install --languages {spec.name}, or replay a cassette recorded from it)",
         )
 
-    def prove_isolation(self) -> None:
+    def prove_isolation(self, confinement: Confinement | None = None) -> None:
         """Run one program in a world of its own and check what it saw; raises
-        :class:`IsolationError` naming the cause if the world could not be made."""
+        :class:`IsolationError` naming the cause if the world could not be made. The same run
+        tries what the other protections refuse (``startup_proof``: a host file, a loopback port,
+        a masked file, a refused system call, its own limits under ``confinement``), and
+        :attr:`proofs` keeps what came of each."""
         workspace = self.new_workspace()
         # Its PID namespace, its pid there, and which host uid its root is (where runs join their
-        # user namespace themselves, a file it makes says so too, read from here).
+        # user namespace themselves, a file it makes says so too, read from here); then the tries.
+        probe = StartupProbe(self.isolation, confinement, self.settings.python)
         command = "echo $(readlink /proc/self/ns/pid) $$ $(cat /proc/self/uid_map) world"
         owner = self.isolation.run_owner()
         if owner is not None:
             command = f": > {_OWNER_PROBE} && {command}"
         written: int | None = None
-        try:
-            workspace.hand_over()
-            result = self.runner.run(
-                CommandSpec(
-                    command=command,
-                    cwd=workspace.cwd,
-                    env=self._base_env,
-                    stdin=None,
-                    timeout=30.0,
-                    world=workspace.next_command(last=True),
+        with probe:
+            try:
+                workspace.hand_over()
+                result = self.runner.run(
+                    CommandSpec(
+                        command=f"{command}; {probe.command()}",
+                        cwd=workspace.cwd,
+                        env=self._base_env,
+                        stdin=None,
+                        timeout=30.0,
+                        world=workspace.next_command(last=True),
+                    )
                 )
-            )
-            if owner is not None:
-                try:
-                    written = os.lstat(os.path.join(workspace.host_cwd, _OWNER_PROBE)).st_uid
-                except OSError:
-                    pass
-        finally:
-            if owner is not None:
-                try:
-                    os.unlink(os.path.join(workspace.host_cwd, _OWNER_PROBE))
-                except OSError:
-                    pass
-            workspace.close(None)
-        words = (result.stdout or "").split()
+                lines = (result.stdout or "").splitlines()
+                # (While the canaries live: what the host's file and listener say is part of it.)
+                tried = probe.results(lines[1:])
+                if owner is not None:
+                    try:
+                        written = os.lstat(os.path.join(workspace.host_cwd, _OWNER_PROBE)).st_uid
+                    except OSError:
+                        pass
+            finally:
+                if owner is not None:
+                    try:
+                        os.unlink(os.path.join(workspace.host_cwd, _OWNER_PROBE))
+                    except OSError:
+                        pass
+                workspace.close(None)
+        words = lines[0].split() if lines else []
         if result.status != CommandRunStatus.Finished or result.return_code != 0 or words[-1:] != ["world"]:
             cause = (result.stderr or result.stdout or str(result.status)).strip().splitlines()
             raise IsolationError(cause[-1] if cause else "the start-up run failed")
@@ -385,9 +397,22 @@ class ExecutionEngine:
             raise IsolationError(
                 f"the start-up run was not in a PID namespace of its own ({namespace}, pid {pid})"
             )
+        processes = tried.get("processes") or Proof(
+            "refused", f"it was pid {pid} of a PID namespace of its own"
+        )
+        self.proofs = {**tried, "processes": processes}
+        how = self._prove_run_uid(words, owner is not None, written)
+        if how:
+            self.proofs["non-root uid"] = Proof("refused", how)
+
+    def _prove_run_uid(self, words: list[str], joined: bool, written: int | None) -> str:
+        """How the start-up run (its first line: ``words``) was proven to be the runs' uid on the
+        host (empty where runs are the host's root); raises :class:`IsolationError` where it was
+        not. ``joined``: its program joined the runs' user namespace itself and wrote a file,
+        owned on the host by ``written``."""
         run_uid = self.isolation.run_uid
         if run_uid is None:
-            return
+            return ""
         # Its root is run_uid on the host: its uid map says so, but for a relay's own namespace
         # nested in the runs' (then it says "0 0", the runs' root), where the relay's own uid,
         # read from here, says so.
@@ -396,17 +421,18 @@ class ExecutionEngine:
         nested = bool(users.get("nested") or users.get("runs_tmpfs"))
         if host_root != ["0", str(run_uid)] and not (nested and host_root == ["0", "0"]):
             raise IsolationError(f"the start-up run's root was not uid {run_uid} on the host ({host_root})")
-        if owner is not None:
+        if joined:
             # Its relay stays the host's root (the program joined the runs' user namespace): what
             # the program wrote is the kernel's word for who it was on the host.
             if written != run_uid:
                 raise IsolationError(
                     f"the start-up run's file was not uid {run_uid}'s on the host (uid {written})"
                 )
-            return
+            return f"a file it made is uid {run_uid}'s on the host"
         relay_uids = self.runner.relay_uids() if isinstance(self.runner, ProcessRunner) else [run_uid]
         if run_uid not in relay_uids:
             raise IsolationError(f"the start-up run's relay was not uid {run_uid} on the host ({relay_uids})")
+        return f"its uid map and its relay say uid {run_uid} on the host"
 
     def new_workspace(self, kept_root: bool = False) -> Workspace:
         """One request's files: a temp dir on the host, or (isolation lite) layers of its own, or
@@ -751,7 +777,7 @@ def _start_lite(
         )
         runner = ProcessRunner(confinement, launcher, settings.max_output_bytes)
         engine = ExecutionEngine(settings, runner, confinement.describe(), isolation, runs_root, world)
-        engine.prove_isolation()
+        engine.prove_isolation(confinement)
         return engine, launcher
     except BaseException:
         if launcher is not None:

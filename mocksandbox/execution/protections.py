@@ -1,15 +1,19 @@
 """What holds on this host (DESIGN seam 10): each protection of a run, whether the server gives it
 here, how or why not, and what would give it.
 
-One table, read off what the engine actually started with (its isolation, proved by a real run at
-start-up, and its confinement), never off what was asked for. ``mocksandbox doctor`` prints it
+One table, read off what the engine actually started with (its isolation and its confinement),
+never off what was asked for, and each protection that holds proven by what the start-up run tried
+and was refused (``startup_proof``), or said to be "configured, not proven here", with why; a
+protection the run could break is "no", whatever the configuration says. ``mocksandbox doctor`` prints it
 whole, the banner and the pytest plugin's report header in short, and every answer of a server
 that ``auto`` could not give a protection carries a note of what is missing (``Isolation.missing``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -17,6 +21,7 @@ from mocksandbox.execution.budget import MEMORY_NOT_HELD
 
 if TYPE_CHECKING:
     from mocksandbox.execution.confinement import Confinement
+    from mocksandbox.execution.startup_proof import Proof
     from mocksandbox.execution.world import Isolation
 
 #: ``yes``: holds; ``partly``: holds in a weaker form (said in ``how``); ``no``: does not hold.
@@ -45,10 +50,47 @@ class Protection:
     how: str
     #: The command or setting that would give it (empty where it holds).
     remedy: str = ""
+    #: Whether the start-up run proved it does not hold, although configured to.
+    broken: bool = False
 
 
-def protections(isolation: Isolation, confinement: Confinement) -> list[Protection]:
-    """The table for an engine with this ``isolation`` and ``confinement``."""
+#: Said of a protection that holds by its configuration, where nothing tried it.
+NOT_PROVEN = "configured, not proven here"
+#: What would mend a protection the start-up run broke: it is a bug, or a host that does not do
+#: what it says (a kernel, a container runtime).
+_BROKEN = "report it (mocksandbox doctor's output): the configuration says it holds"
+
+
+def protections(
+    isolation: Isolation, confinement: Confinement, proofs: Mapping[str, Proof] | None = None
+) -> list[Protection]:
+    """The table for an engine with this ``isolation`` and ``confinement``, each row that holds
+    (wholly or partly) with what the start-up run's ``proofs`` say of it (``ExecutionEngine.proofs``)."""
+    return [_proven(row, (proofs or {}).get(row.name)) for row in _configured(isolation, confinement)]
+
+
+def _proven(row: Protection, proof: Proof | None) -> Protection:
+    """``row`` with how it was proven, or why not; "no" where the start-up run broke it."""
+    if row.holds == "no":
+        if proof is not None and proof.outcome == "done":
+            return dataclasses.replace(row, how=f"{row.how}; {proof.what}")
+        return row
+    if proof is None:
+        return dataclasses.replace(row, how=f"{row.how} ({NOT_PROVEN}: no start-up run tried it)")
+    if proof.outcome == "refused":
+        return dataclasses.replace(row, how=f"{row.how} (proven at start: {proof.what})")
+    if proof.outcome == "done":
+        return Protection(row.name, "no", f"{proof.what}, though configured: {row.how}", _BROKEN, broken=True)
+    return dataclasses.replace(row, how=f"{row.how} ({NOT_PROVEN}: {proof.what})")
+
+
+def broken(rows: list[Protection]) -> list[str]:
+    """What the start-up run could do although configured not to: a warning each."""
+    return [f"{row.name} does not hold: {row.how}" for row in rows if row.broken]
+
+
+def _configured(isolation: Isolation, confinement: Confinement) -> list[Protection]:
+    """The table as the configuration has it."""
     lite = isolation.mode == "lite"
     why_none = isolation.reason or "isolation none was asked for"
     rows = [

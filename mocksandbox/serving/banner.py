@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mocksandbox.execution.protections import Protection, protections, summary
+from mocksandbox.execution.protections import Protection, broken, protections, summary
 from mocksandbox.extras import jupyter_missing as jupyter_missing_for
 
 if TYPE_CHECKING:
@@ -71,12 +71,12 @@ def sandbox_banner(sandbox: MockSandbox, settings: Settings) -> Banner:
 def host_lines(engine: ExecutionEngine, confinement: Confinement, settings: Settings) -> list[str]:
     """What runs get on this host, in full: confinement, isolation, what holds and what does not,
     what is hidden, the budgets, the Python user code runs on (``serve --verbose`` and ``doctor``)."""
-    rows = protections(engine.isolation, confinement)
+    rows = protections(engine.isolation, confinement, engine.proofs)
     lines = [
         f"  confinement: {engine.confinement_name}",
         f"  isolation: {engine.isolation.describe()}",
         f"  protections: {summary(rows)}",
-        *_warnings(engine),
+        *_warnings(engine, rows),
         f"  {engine.isolation.describe_hidden()}",
         f"  process budget: {confinement.budget.describe()}",
         f"  memory budget: {confinement.memory_budget.describe()}",
@@ -93,10 +93,10 @@ def short_lines(sandbox: MockSandbox, settings: Settings, backend: BackendProbe 
     """The banner that fits a screen: one line of what holds, the runtime in two, every warning
     (as the full banner has it), then the rest as counts and the commands that say more."""
     engine = sandbox.engine
-    rows = protections(engine.isolation, sandbox.confinement)
+    rows = protections(engine.isolation, sandbox.confinement, engine.proofs)
     confinement = engine.confinement_name.split(" (")[0]
     lines = [f"  isolation: {engine.isolation.mode}, confinement: {confinement}; {held(rows)}"]
-    lines += _warnings(engine)
+    lines += _warnings(engine, rows)
     facts = engine.python_runtime.facts()
     lines.append(f"  python: {_python_line(facts, settings.python)}")
     if shares_server_environment(settings.python):
@@ -146,8 +146,10 @@ def held(rows: list[Protection]) -> str:
     return text + " (mocksandbox doctor: why, and what would give them)"
 
 
-def _warnings(engine: ExecutionEngine) -> list[str]:
-    return [f"  WARNING: not in force for runs: {missing}" for missing in engine.isolation.missing()]
+def _warnings(engine: ExecutionEngine, rows: list[Protection]) -> list[str]:
+    """What ``auto`` could not give, and what the start-up run could do although configured not to."""
+    lines = [f"  WARNING: not in force for runs: {missing}" for missing in engine.isolation.missing()]
+    return lines + [f"  WARNING: {line}" for line in broken(rows)]
 
 
 def _python_line(facts: RuntimeFacts, python: str) -> str:

@@ -56,7 +56,7 @@ def protections_line(sandbox: MockSandbox) -> str:
     """What holds for the sandbox's runs, in one line (DESIGN seam 10)."""
     from mocksandbox.execution.protections import protections, summary
 
-    return summary(protections(sandbox.engine.isolation, sandbox.confinement))
+    return summary(protections(sandbox.engine.isolation, sandbox.confinement, sandbox.engine.proofs))
 
 
 class EarlyServer:

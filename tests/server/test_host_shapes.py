@@ -81,6 +81,18 @@ SCRATCH_BOUND_MB = 2048
 PROVED = ("files", "processes", "network", "secrets", "non-root uid", "seccomp", "process bound")
 WITHOUT_CGROUPS = ("root-without-cgroups", "ordinary-user")
 
+#: What the hostile tests below tried (``tried``) and found to hold (``held``) on each shape, by
+#: protection: what ``mocksandbox doctor``'s table is held to (test_doctor_tells_the_truth).
+FOUND: dict[str, dict[str, set[str]]] = {}
+
+
+def trying(shape: str, *names: str) -> set[str]:
+    """Note that a test tries ``names`` on ``shape``; the set returned is where it notes them held
+    (``.update(names)`` once its checks have passed)."""
+    found = FOUND.setdefault(shape, {"tried": set(), "held": set()})
+    found["tried"].update(names)
+    return found["held"]
+
 
 #: The server's environment beyond the default settings: its user's home, and the bounds above.
 def server_environment(home: Path) -> dict[str, str]:
@@ -117,6 +129,7 @@ def answers(server: ServeProcess) -> bool:
 
 
 def test_runs_are_never_the_hosts_root(server: ServeProcess, shape: str) -> None:
+    held = trying(shape, "non-root uid")
     text = "".join(server.banner)
     assert "isolation: lite" in text, text
     run_uid = run_uid_of(server)
@@ -133,11 +146,13 @@ def test_runs_are_never_the_hosts_root(server: ServeProcess, shape: str) -> None
     # ... and that uid on the host, as the kernel says from this side.
     uids, _ = a_runs_ids_on_the_host(server)
     assert (uids.real, uids.effective, uids.saved) == (run_uid,) * 3
+    held.update(("non-root uid",))
 
 
 def test_host_files_can_be_neither_changed_nor_planted(
-    server: ServeProcess, home: Path, request: pytest.FixtureRequest
+    server: ServeProcess, home: Path, shape: str, request: pytest.FixtureRequest
 ) -> None:
+    held = trying(shape, "files")
     notes = home / "notes.txt"
     planted = [f"/etc/mocksandbox-planted-{os.getpid()}", str(home / "planted")]
     # Were the protection off (a mutation run), the canary must not outlive the test.
@@ -162,6 +177,7 @@ def test_host_files_can_be_neither_changed_nor_planted(
     assert stdout_of(server.run(code)) == "keep me\ndone\n"
     assert notes.read_text() == "keep me\n"
     assert not any(os.path.exists(path) for path in planted)
+    held.update(("files",))
 
 
 def test_tmp_and_run_start_empty_and_runs_leave_nothing(server: ServeProcess) -> None:
@@ -170,10 +186,11 @@ def test_tmp_and_run_start_empty_and_runs_leave_nothing(server: ServeProcess) ->
     assert_runs_start_apart(server)
 
 
-def test_secrets_stay_out(server: ServeProcess, home: Path) -> None:
+def test_secrets_stay_out(server: ServeProcess, home: Path, shape: str) -> None:
     """The server user's credentials look empty (the key, readable by anyone on the host, is not
     there), the host's /etc/shadow is empty (its size, which any uid may see), and the kernel's
     keyrings are out of reach (the seccomp filter)."""
+    held = trying(shape, "secrets", "seccomp")
     assert os.stat("/etc/shadow").st_size > 0  # (else the check below could not fail)
     code = (
         "import ctypes, os\n"
@@ -192,9 +209,11 @@ def test_secrets_stay_out(server: ServeProcess, home: Path) -> None:
     assert lines[0] == "'FileNotFoundError' []", lines
     assert lines[1] == "0", lines
     assert lines[2] == "-1 Operation not permitted"
+    held.update(("secrets", "seccomp"))
 
 
-def test_no_host_loopback_service_nor_the_control_api_is_reachable(server: ServeProcess) -> None:
+def test_no_host_loopback_service_nor_the_control_api_is_reachable(server: ServeProcess, shape: str) -> None:
+    held = trying(shape, "network")
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
@@ -209,9 +228,11 @@ def test_no_host_loopback_service_nor_the_control_api_is_reachable(server: Serve
             "        print('refused')\n"
         )
         assert stdout_of(server.run(code)) == "refused\nrefused\n"
+    held.update(("network",))
 
 
-def test_the_server_can_be_neither_seen_nor_signalled(server: ServeProcess) -> None:
+def test_the_server_can_be_neither_seen_nor_signalled(server: ServeProcess, shape: str) -> None:
+    held = trying(shape, "processes")
     code = (
         "import os, signal\n"
         "print(len([p for p in os.listdir('/proc') if p.isdigit()]) < 5)\n"
@@ -225,11 +246,13 @@ def test_the_server_can_be_neither_seen_nor_signalled(server: ServeProcess) -> N
     assert stdout_of(answer) == "True\nstill here\n", answer
     server.run("kill -9 -1; pkill -9 -f mocksandbox; echo done", language="bash")
     assert server.process.poll() is None and answers(server)
+    held.update(("processes",))
 
 
-def test_a_fork_bomb_is_bounded(server: ServeProcess) -> None:
+def test_a_fork_bomb_is_bounded(server: ServeProcess, shape: str) -> None:
     """Stopped at the run's process bound (512, the program and its threads among them), not
     before it: without the bound all 2000 forks succeed."""
+    held = trying(shape, "process bound")
     code = (
         "import os, time\n"
         "made = 0\n"
@@ -249,6 +272,7 @@ def test_a_fork_bomb_is_bounded(server: ServeProcess) -> None:
     bomb = server.run(":(){ :|:& };:", language="bash", run_timeout=3)
     assert bomb["run_result"] is not None
     assert stdout_of(server.run("print('alive')")) == "alive\n"
+    held.update(("process bound",))
 
 
 def grown_to(answer: dict[str, object]) -> int:
@@ -262,6 +286,7 @@ def test_a_memory_hog_is_bounded(server: ServeProcess, shape: str) -> None:
     """A program that grows 32 MiB at a time (pages written, so that they count), saying how far
     it got, is stopped near the run's memory bound (1 GiB here): killed by its cgroup, or refused
     by its rlimit where there is none. Unbounded, it reaches 3 GiB and says so."""
+    held = trying(shape, "memory bound")
     grower = (
         "import sys\n"
         "chunks = []\n"
@@ -278,12 +303,14 @@ def test_a_memory_hog_is_bounded(server: ServeProcess, shape: str) -> None:
     if shape not in WITHOUT_CGROUPS:
         assert result["return_code"] == -9, answer  # the run's own cgroup's OOM kill
     assert stdout_of(server.run("print('alive')")) == "alive\n"
+    held.update(("memory bound",))
 
 
 def test_scratch_space_is_bounded(server: ServeProcess, shape: str) -> None:
     """Files in pieces of 64 MiB (under a file's bound), saying how far they got: stopped near the
     run's memory bound where a cgroup counts a run's files (on the runs' tmpfs) in it, else near the
     runs' tmpfs's size; never on the host's disk. Unbounded, 4 GiB are written and it says so."""
+    held = trying(shape, "scratch bound")
     disk = shutil.disk_usage("/tmp").used
     code = (
         "written = 0\n"
@@ -303,6 +330,7 @@ def test_scratch_space_is_bounded(server: ServeProcess, shape: str) -> None:
     assert bound // 2 <= grown_to(answer) <= bound, answer
     assert shutil.disk_usage("/tmp").used - disk < (1 << 30)  # not on the host's disk
     assert stdout_of(server.run("print('alive')")) == "alive\n"
+    held.update(("scratch bound",))
 
 
 def test_doctor_tells_the_truth(shape: str, home: Path, server: ServeProcess) -> None:
@@ -316,7 +344,13 @@ def test_doctor_tells_the_truth(shape: str, home: Path, server: ServeProcess) ->
         env={**os.environ, **server_environment(home)},
         start_new_session=True,
     )
-    rows = dict(re.findall(r"^([a-z][a-z -]+?)\s{2,}(yes|partly|no)\s", done.stdout, re.M))
+    table = {
+        name: (holds, how)
+        for name, holds, how in re.findall(
+            r"^([a-z][a-z -]+?)\s{2,}(yes|partly|no)\s+(.*)$", done.stdout, re.M
+        )
+    }
+    rows = {name: holds for name, (holds, _) in table.items()}
     # The way runs are their uid, as the banner says it (without idmapped mounts: why).
     without_idmap = re.search(r"^non-root uid .*without idmapped mounts: (.*)$", done.stdout, re.M)
     banner_says = re.search(r"without idmapped mounts: (.*?);", "".join(server.banner))
@@ -328,6 +362,16 @@ def test_doctor_tells_the_truth(shape: str, home: Path, server: ServeProcess) ->
     bounds = "partly" if shape in WITHOUT_CGROUPS else "yes"
     assert (rows["memory bound"], rows["scratch bound"]) == (bounds, bounds), done.stdout
     assert done.returncode == (1 if shape in WITHOUT_CGROUPS else 0), done.stdout + done.stderr
+    # Each row that holds says how the start-up run proved it, or that it is configured, not proven
+    # here: only the scratch bound a cgroup gives (filling it is no start-up work).
+    proven = {name for name, (_, how) in table.items() if "(proven at start: " in how}
+    unproven = {name for name, (_, how) in table.items() if "(configured, not proven here: " in how}
+    assert proven == set(table) - ({"scratch bound"} if shape not in WITHOUT_CGROUPS else set()), done.stdout
+    assert unproven == set(table) - proven, done.stdout
+    # ... and what the start-up run proved, the hostile suite found on this shape too.
+    found = FOUND.get(shape, {"tried": set(), "held": set()})
+    assert found["tried"], "the hostile tests did not run before this one"
+    assert {name for name in proven if name in found["tried"]} <= found["held"], (found, done.stdout)
 
 
 def test_a_jupyter_kernel_is_in_a_world_as_a_run_is(server: ServeProcess, home: Path) -> None:

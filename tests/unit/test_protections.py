@@ -10,7 +10,8 @@ import resource
 from mocksandbox.execution import world
 from mocksandbox.execution.budget import MemoryBudget, ProcessBudget
 from mocksandbox.execution.confinement import ProcessGroupConfinement
-from mocksandbox.execution.protections import format_table, protections, summary
+from mocksandbox.execution.protections import NOT_PROVEN, broken, format_table, protections, summary
+from mocksandbox.execution.startup_proof import Proof
 from mocksandbox.execution.world import Isolation
 
 
@@ -77,7 +78,7 @@ def test_runs_without_idmapped_mounts_are_their_uid_and_it_says_which_way_and_wh
     rows = protections(isolation, _Cgroups(2))  # type: ignore[arg-type]
     non_root = next(row for row in rows if row.name == "non-root uid")
     assert non_root.holds == "yes" and not non_root.remedy
-    assert non_root.how == (
+    assert non_root.how.startswith(
         f"uid {1 << 30} on the host, root only in its own user namespace (without idmapped mounts: "
         f"{why}; host files owned by others are read-only to runs)"
     )
@@ -104,3 +105,54 @@ def test_without_cgroups_a_process_may_use_no_more_than_the_memory_budgets_share
     # The setting, where it is the smaller; and where no memory was read, the setting alone.
     assert ProcessGroupConfinement(None, budget, 1024).max_memory_bytes == 1024 * mib
     assert ProcessGroupConfinement(None, MemoryBudget(None, 0, None, 0), 4096).max_memory_bytes == 4096 * mib
+
+
+def row(rows: list, name: str):  # type: ignore[no-untyped-def]
+    return next(row for row in rows if row.name == name)
+
+
+def test_a_row_refused_at_start_says_how_it_was_proven() -> None:
+    isolation = Isolation("lite", run_uid=1 << 30, syscall_filter=True)
+    proofs = {
+        "files": Proof("refused", "a write to a host file was refused"),
+        "seccomp": Proof("refused", "keyctl was refused with the filter's EPERM"),
+    }
+    rows = protections(isolation, _Cgroups(2), proofs)  # type: ignore[arg-type]
+    files = row(rows, "files")
+    assert files.holds == "yes" and files.how.endswith(
+        "(proven at start: a write to a host file was refused)"
+    )
+    assert "proven at start: keyctl was refused" in row(rows, "seccomp").how
+    assert broken(rows) == []
+
+
+def test_a_row_nothing_tried_says_configured_not_proven_here_and_why() -> None:
+    isolation = Isolation("lite", run_uid=1 << 30, syscall_filter=True)
+    proofs = {"secrets": Proof("untried", "no masked file with content on this host")}
+    rows = protections(isolation, _Cgroups(2), proofs)  # type: ignore[arg-type]
+    secrets = row(rows, "secrets")
+    assert secrets.holds == "yes"
+    assert secrets.how.endswith(f"({NOT_PROVEN}: no masked file with content on this host)")
+    # No proof at all (no start-up run): said too, never a bare yes.
+    assert f"({NOT_PROVEN}: no start-up run tried it)" in row(rows, "network").how
+
+
+def test_a_proof_that_fails_is_no_with_what_the_run_did_and_the_banner_warns() -> None:
+    isolation = Isolation("lite", run_uid=1 << 30, syscall_filter=True)
+    did = "the start-up run changed or deleted a host file (/var/tmp/.mocksandbox-proof-x)"
+    rows = protections(isolation, _Cgroups(2), {"files": Proof("done", did)})  # type: ignore[arg-type]
+    files = row(rows, "files")
+    assert files.holds == "no" and files.broken and files.how.startswith(did)
+    assert files.remedy  # (what to do: report it)
+    assert "NOT: files" in summary(rows)
+    assert broken(rows) == [f"files does not hold: {files.how}"]
+
+
+def test_a_row_configured_not_to_hold_says_what_the_run_did() -> None:
+    isolation = Isolation("lite", "host", run_uid=1 << 30, syscall_filter=True)
+    did = "the start-up run connected to a port the server listens on at 127.0.0.1"
+    rows = protections(isolation, _Cgroups(2), {"network": Proof("done", did)})  # type: ignore[arg-type]
+    network = row(rows, "network")
+    assert network.holds == "no" and not network.broken
+    assert network.how == f"the host's network (run_network: host); {did}"
+    assert broken(rows) == []  # (no warning of a break: the table says it does not hold, as configured)
