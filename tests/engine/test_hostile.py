@@ -168,8 +168,11 @@ def test_memory_limit_mb_gives_memory_error(sandbox: MockSandbox) -> None:
 
 
 def test_output_flood_is_capped_and_times_out(sandbox: MockSandbox) -> None:
+    # A MiB a write, for 3 s: well past the cap (8 MiB) even where a run starts slowly and writes
+    # at a few MB/s (a spawned interpreter in the software-emulated guest of tests/vm wrote 6.6 MB
+    # in 1 s of 64 KiB writes).
     cap = sandbox.settings.max_output_bytes
-    result = run(sandbox, "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n", run_timeout=1)
+    result = run(sandbox, "import sys\nwhile True:\n    sys.stdout.write('x' * (1 << 20))\n", run_timeout=3)
     assert result.run_result is not None
     assert result.run_result.status == CommandRunStatus.TimeLimitExceeded
     assert result.run_result.stdout == "x" * cap
