@@ -342,8 +342,11 @@ def test_mock_sessions_lists_live_finished_and_leaked(server: ServerThread, http
 def test_swedev_backend_runs_commands_and_tests_on_a_sandboxfusion(server: ServerThread) -> None:
     """``--swedev-backend URL`` with the mock itself as the backend: the session state stays in the
     adapter, every command and test goes to the backend's /run_code with the repository as files."""
+    # The interpreter of the backend's sandbox runtime: the one its runs run Python on, which they
+    # see wherever it lives (this venv's, under /tmp in a clone there, only where it is that one).
+    backend_python = server.sandbox.settings.python
     settings = load_settings(
-        overrides={"port": 0, "swedev_backend": server.url, "swedev_backend_python": sys.executable}
+        overrides={"port": 0, "swedev_backend": server.url, "swedev_backend_python": backend_python}
     )
     box = MockSandbox.create(settings)
     adapter = ServerThread(box, "127.0.0.1", 0).start()
