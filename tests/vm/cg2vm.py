@@ -385,6 +385,28 @@ def _guest_environment() -> list[str]:
     return ["--env=NO_PROXY=127.0.0.1,localhost", *(f"--env={pair}" for pair in keep)]
 
 
+#: Top-level dirs the guest has of its own (from the image, or made fresh: /tmp): a checkout or venv
+#: under one comes live from the host by its own path instead (see :func:`live_dirs`).
+GUEST_OWN_TOPS = frozenset(
+    ("etc", "var", "root", "home", "opt", "srv", "usr", "tmp", "proc", "sys", "dev", "run", "boot")
+)
+
+
+def live_dirs(*paths: str) -> str:
+    """``CG2VM_LIVE`` for ``paths`` (the checkout, the venv): the top-level dir of each, or the path
+    itself where its top is one the guest has of its own (a clone under /tmp, where the script's
+    default, the current directory's top, would bring nothing)."""
+    dirs: list[str] = []
+    for path in paths:
+        parts = Path(os.path.abspath(path)).parts[1:]
+        if not parts:
+            continue
+        live = "/".join(parts) if parts[0] in GUEST_OWN_TOPS else parts[0]
+        if live not in dirs:
+            dirs.append(live)
+    return " ".join(dirs)
+
+
 def run_suite(suite: Suite, selection: list[str]) -> GuestRun:
     """Boot the guest for ``suite``, run its files there (of test_host_shapes.py, only the shapes
     it asks for), and read back what it gave; ``selection``: what this side expects to run."""
@@ -413,6 +435,7 @@ def run_suite(suite: Suite, selection: list[str]) -> GuestRun:
         python = REPO / ".venv" / "bin" / "python"
         if not python.exists():
             python = Path(sys.executable)
+        env.setdefault("CG2VM_LIVE", live_dirs(str(REPO), str(python.parent.parent)))
         guest = [str(python), "tests/vm/cg2vm_guest.py", f"--out={share}", *_guest_environment()]
         if suite.unit_parent:
             guest.append(f"--unit-parent={suite.unit_parent}")

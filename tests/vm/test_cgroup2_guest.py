@@ -126,3 +126,13 @@ def test_in_guest(guest_test: tuple[str, str | None], guest_run: RunOf) -> None:
         pytest.xfail(result.text)
     if result.outcome in ("failed", "error", "xpassed"):
         pytest.fail(f"{result.outcome} {where}:\n{result.text}", pytrace=False)
+
+
+def test_a_checkout_under_tmp_comes_live_by_its_own_path() -> None:
+    """The guest has a /tmp of its own: a clone there (and its venv) must come live by path, where
+    the top-level dir of one under /work comes whole."""
+    from cg2vm import live_dirs
+
+    assert live_dirs("/tmp/x", "/tmp/x/.venv") == "tmp/x tmp/x/.venv"
+    assert live_dirs("/work/main", "/work/main/.venv") == "work"
+    assert live_dirs("/tmp/vmtree", "/work/main/.venv") == "tmp/vmtree work"
