@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,9 +27,10 @@ def start(tmp_path: Path, **overrides: str):  # type: ignore[no-untyped-def]
     return create_engine(settings)
 
 
-@needs_lite
-def test_every_try_is_refused_on_this_hosts_default_shape(tmp_path: Path) -> None:
-    engine, confinement, launcher = start(tmp_path)
+def proven(tmp_path: Path, **overrides: str) -> tuple[Any, dict[str, Any], list[Any]]:
+    """Start a lite engine (``overrides``: settings), take what its start-up run proved and the
+    doctor rows made of it, and close it: ``(engine, proofs, rows)``."""
+    engine, confinement, launcher = start(tmp_path, **overrides)
     try:
         proofs = dict(engine.proofs)
         rows = protections(engine.isolation, confinement, proofs)
@@ -36,6 +38,12 @@ def test_every_try_is_refused_on_this_hosts_default_shape(tmp_path: Path) -> Non
         launcher.close()
         engine.close()
         confinement.close()
+    return engine, proofs, rows
+
+
+@needs_lite
+def test_every_try_is_refused_on_this_hosts_default_shape(tmp_path: Path) -> None:
+    engine, proofs, rows = proven(tmp_path)
     assert {name: proofs[name].outcome for name in TRIED} == dict.fromkeys(TRIED, "refused"), proofs
     assert proofs["process bound"].outcome == "refused", proofs
     assert proofs["memory bound"].outcome == "refused", proofs
@@ -52,14 +60,7 @@ def test_every_try_is_refused_on_this_hosts_default_shape(tmp_path: Path) -> Non
 @needs_lite
 def test_a_proof_fails_where_the_run_can_do_it_and_the_row_says_no(tmp_path: Path) -> None:
     """``run_network: host``: the start-up run's connect to the server's loopback port succeeds."""
-    engine, confinement, launcher = start(tmp_path, run_network="host")
-    try:
-        proofs = dict(engine.proofs)
-        rows = protections(engine.isolation, confinement, proofs)
-    finally:
-        launcher.close()
-        engine.close()
-        confinement.close()
+    _, proofs, rows = proven(tmp_path, run_network="host")
     assert proofs["network"].outcome == "done", proofs
     network = next(row for row in rows if row.name == "network")
     assert network.holds == "no" and "the start-up run connected to a port" in network.how, network

@@ -85,18 +85,21 @@ def test_client_asking_to_close_gets_connection_close(served: tuple[MockSandbox,
     assert response.will_close
 
 
-def test_http_1_0_request_is_answered_and_closed(served: tuple[MockSandbox, ServerThread]) -> None:
-    _, server = served
+def _post_until_closed(server: ServerThread, request_head: bytes) -> tuple[bytes, bytes]:
+    """POST ``PRINT`` on a raw connection with ``request_head`` (its request line and headers but
+    Content-Length) and read until the server closes it: the answer's head and body."""
     with socket.create_connection(("127.0.0.1", server.server.port), timeout=30) as raw:
-        raw.sendall(
-            b"POST /run_code HTTP/1.0\r\nContent-Type: application/json\r\n"
-            + f"Content-Length: {len(PRINT)}\r\n\r\n".encode()
-            + PRINT
-        )
+        raw.sendall(request_head + f"Content-Length: {len(PRINT)}\r\n\r\n".encode() + PRINT)
         received = b""
         while chunk := raw.recv(65536):  # ends because the server closes the connection
             received += chunk
     head, _, body = received.partition(b"\r\n\r\n")
+    return head, body
+
+
+def test_http_1_0_request_is_answered_and_closed(served: tuple[MockSandbox, ServerThread]) -> None:
+    _, server = served
+    head, body = _post_until_closed(server, b"POST /run_code HTTP/1.0\r\nContent-Type: application/json\r\n")
     assert head.startswith(b"HTTP/1.1 200")
     assert json.loads(body)["run_result"]["stdout"] == "1\n"
 
@@ -105,16 +108,10 @@ def test_asked_to_close_the_answer_is_whole_and_the_connection_ends(
     served: tuple[MockSandbox, ServerThread],
 ) -> None:
     box, server = served
-    with socket.create_connection(("127.0.0.1", server.server.port), timeout=30) as raw:
-        raw.sendall(
-            b"POST /run_code HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nConnection: close\r\n"
-            + f"Content-Length: {len(PRINT)}\r\n\r\n".encode()
-            + PRINT
-        )
-        received = b""
-        while chunk := raw.recv(65536):  # ends because the server closes the connection
-            received += chunk
-    head, _, body = received.partition(b"\r\n\r\n")
+    head, body = _post_until_closed(
+        server,
+        b"POST /run_code HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nConnection: close\r\n",
+    )
     assert head.startswith(b"HTTP/1.1 200")
     assert b"\r\nConnection: close" in head
     assert int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0]) == len(body)
