@@ -119,8 +119,10 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
     nothing_left = False
     try:
         if world is not None:
-            status = state.WORLD.wait_for_program(pid, sock, server_gone)
-            close_all(fds[:3])
+            try:
+                status = state.WORLD.wait_for_program(pid, sock, server_gone)
+            finally:
+                close_all(fds[:3])
         else:
             close_all(fds[:3])
             state.WATCHED_STATUS_FD = status_fd

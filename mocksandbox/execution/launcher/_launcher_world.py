@@ -414,10 +414,13 @@ class World:
         """The wait status of the program ``pid``, reaping the run's orphans meanwhile; the watch
         on the server (``sock``), armed before the fork, is put down once it has exited.
         ``server_gone``: the server had left before the watch was armed (no SIGIO comes)."""
-        if server_gone:
-            say_ended_by_relay(0)
-            os.kill(-1, _signal.SIGKILL)  # the server left before we watched: end the run
         try:
+            if server_gone:
+                say_ended_by_relay(0)
+                try:
+                    os.kill(-1, _signal.SIGKILL)  # the server left before we watched: end the run
+                except OSError:
+                    pass  # (nothing of the run left to signal)
             while True:
                 try:
                     done, status = os.waitpid(-1, 0)
