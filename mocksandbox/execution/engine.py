@@ -29,7 +29,7 @@ from mocksandbox.execution.launcher import Launcher, LauncherError
 from mocksandbox.execution.process import CommandSpec, ProcessRunner
 from mocksandbox.execution.startup_proof import Proof, StartupProbe
 from mocksandbox.execution.syscall_filter import FilterUnavailable, compile_run_filter
-from mocksandbox.execution.workdirs import WorkdirPool
+from mocksandbox.execution.workdirs import WorkdirPool, make_temp_file
 from mocksandbox.execution.world import (
     KEPT_CAPABILITIES,
     RUN_DIRS,
@@ -515,7 +515,7 @@ class ExecutionEngine:
             path = os.path.join(workdir, file_name)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         else:
-            fd, path = tempfile.mkstemp(suffix=spec.suffix, dir=workdir, text=True)
+            fd, path = make_temp_file(workdir, spec.suffix or "")
         try:
             data = memoryview(code.encode("utf-8"))
             while data:

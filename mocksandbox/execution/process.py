@@ -335,6 +335,14 @@ class ProcessRunner:
                 selector.register(fd, selectors.EVENT_READ)
             if pending_stdin:
                 os.set_blocking(stdin_fd, False)
+                # Most stdin fits in the pipe's buffer: written now, it costs no turn of the loop.
+                try:
+                    pending_stdin = pending_stdin[os.write(stdin_fd, pending_stdin[:_WRITE_CHUNK]) :]
+                except BlockingIOError:
+                    pass
+                except (BrokenPipeError, ConnectionResetError):
+                    pending_stdin = pending_stdin[:0]
+            if pending_stdin:
                 selector.register(stdin_fd, selectors.EVENT_WRITE)
             else:
                 os.close(stdin_fd)

@@ -48,7 +48,6 @@ import sys
 _BASELINE_MODULES = frozenset(sys.modules)
 
 import _socket  # noqa: E402
-import json  # noqa: E402
 import os  # noqa: E402
 
 # This dir is sys.path[0], but for an interpreter told not to put it there (3.11's -P or
@@ -60,7 +59,7 @@ if _SAFE_PATH:
 
 import _launcher_state as state  # noqa: E402
 from _launcher_limits import RecursionDepth  # noqa: E402
-from _launcher_protocol import read_all  # noqa: E402
+from _launcher_protocol import parse_json, read_all  # noqa: E402
 from _launcher_serve import open_missing_std_fds, serve  # noqa: E402
 from _launcher_syscalls import Syscalls, ctypes  # noqa: E402
 from _launcher_users import RunUsers  # noqa: E402
@@ -80,7 +79,7 @@ if __name__ == "__main__":
         elif option.startswith("--world-fd="):
             # On a pipe, not on the command line: a program must not read in its /proc/self/cmdline
             # (the launcher's, for a forked one) what is hidden from it.
-            state.WORLD_CONFIG = json.loads(read_all(int(option.removeprefix("--world-fd="))))
+            state.WORLD_CONFIG = parse_json(read_all(int(option.removeprefix("--world-fd="))))
             if state.WORLD_CONFIG.get("userns") is not None:
                 try:
                     state.USERS = RunUsers(state.WORLD_CONFIG, state.SYSCALLS)

@@ -171,7 +171,7 @@ class KeptRoot:
         seen = False
         while True:
             try:
-                if not os.read(self.changes, 65536):
+                if not os.read(self.changes, 4096):  # (a run's events: a few, if any)
                     return True
             except BlockingIOError:
                 return seen

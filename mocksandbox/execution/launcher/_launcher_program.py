@@ -11,7 +11,6 @@ Two modes of program:
 
 import _signal
 import os
-import signal
 
 import _launcher_state as state
 from _launcher_limits import apply_memory_limit, apply_rlimits
@@ -21,7 +20,7 @@ from _launcher_python import become_python_program
 _MAX_FDS = 65536
 #: Dispositions the launcher changes (or CPython set at start-up) that a new program must not
 #: inherit: ignored signals stay ignored across exec.
-_RESET_FOR_EXEC = (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ)
+_RESET_FOR_EXEC = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGCHLD, _signal.SIGPIPE, _signal.SIGXFSZ)
 
 
 def _join_cgroups(procs_files: list) -> None:

@@ -16,8 +16,8 @@ The server's side of it: ``mocksandbox/execution/launcher/__init__.py`` (the mes
 ``mocksandbox/execution/process.py`` (the status records).
 """
 
+import _json
 import _socket
-import json
 import os
 import sys
 
@@ -49,10 +49,48 @@ def close_all(fds: list) -> None:
             pass
 
 
+class _JsonContext:
+    """What ``_json.make_scanner`` reads off ``json.JSONDecoder``: the defaults of ``json.loads``."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}.__getitem__
+
+
+#: The standard library's own JSON scanner, in C, without the ``json`` package: that imports ``re``
+#: and its kin (about a megabyte of objects), which every relay and every forked program would
+#: then carry, and every fork would copy the page tables of.
+_SCAN_JSON = _json.make_scanner(_JsonContext())
+
+
+def parse_json(data: bytes) -> object:
+    """``json.loads`` of one JSON document (as the server's ``json.dumps`` writes them)."""
+    text = data.decode("utf-8")
+    try:
+        value, end = _SCAN_JSON(text, 0)
+    except StopIteration:
+        raise ValueError("not a JSON document") from None
+    if text[end:].strip():
+        raise ValueError("extra data after the JSON document")
+    return value
+
+
+#: The buffer a message's length is peeked into (its bytes are not kept).
+_PEEK = bytearray(1)
+
+
 def receive(sock: _socket.socket, fd_count: int) -> tuple | None:
     """The next message on ``sock``: ``(request, fds)``, ``(None, [])`` for one that was not a
     run (reported on its status pipe where it had one), or ``None`` once the peer has closed."""
-    data, ancillary, _, _ = sock.recvmsg(1 << 20, _socket.CMSG_SPACE(fd_count * 4))
+    # The message's length first (a seqpacket socket says it with MSG_TRUNC), so that its buffer
+    # is its size: a buffer for the largest message would cost every run a megabyte's allocation.
+    size = sock.recv_into(_PEEK, 1, _socket.MSG_PEEK | _socket.MSG_TRUNC)
+    if not size:
+        return None
+    data, ancillary, _, _ = sock.recvmsg(size, _socket.CMSG_SPACE(fd_count * 4))
     if not data:
         return None
     fds = []
@@ -60,7 +98,7 @@ def receive(sock: _socket.socket, fd_count: int) -> tuple | None:
         if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
             fds += [int.from_bytes(payload[i : i + 4], sys.byteorder) for i in range(0, len(payload), 4)]
     try:
-        request = json.loads(data)
+        request = parse_json(data)
         if len(fds) != fd_count:
             raise ValueError(f"expected {fd_count} descriptors, got {len(fds)}")
     except Exception as exc:
@@ -76,11 +114,18 @@ def read_all(fd: int) -> bytes:
     calls (no io objects to build in a program); closes it."""
     chunks = []
     try:
+        # A file is read in one call of its size (a short read of a file is its end); a pipe in
+        # chunks of a pipe's size: never a buffer far larger than what is read, which costs its
+        # allocation in every program.
+        size = os.fstat(fd).st_size
+        chunk_size = size + 1 if size else 1 << 16
         while True:
-            chunk = os.read(fd, 1 << 20)
+            chunk = os.read(fd, chunk_size)
             if not chunk:
                 return b"".join(chunks)
             chunks.append(chunk)
+            if size and len(chunk) < chunk_size:
+                return b"".join(chunks)
     finally:
         os.close(fd)
 

@@ -13,7 +13,6 @@ import _signal
 import atexit  # kept: a program's exit runs it without importing it again
 import builtins
 import os
-import signal
 import sys
 
 import _launcher_state as state
@@ -148,9 +147,9 @@ def _run_main(path: str, main: object) -> int:
             code = 1
         if isinstance(exc, KeyboardInterrupt):
             code = _finish(code)
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGINT)
-            return 128 + signal.SIGINT
+            _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+            os.kill(os.getpid(), _signal.SIGINT)
+            return 128 + _signal.SIGINT
     return _finish(code)
 
 

@@ -11,9 +11,9 @@ With worlds (``--world-fd``), a run whose request carries ``world`` is sent to a
 in namespaces of its own, forked as PID 1 of its own PID namespace (:func:`fork_relay`).
 """
 
+import _signal
 import _socket
 import os
-import signal
 import time
 
 import _launcher_state as state
@@ -96,10 +96,10 @@ def serve(sock: _socket.socket, baseline_modules: frozenset) -> None:
     gc.collect()
     gc.freeze()
     # Relays, and the orphans handed to the subreaper, are reaped by the kernel as they die.
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)
     become_subreaper()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's Ctrl-C is the server's business
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _signal.signal(_signal.SIGINT, _signal.SIG_IGN)  # the server's Ctrl-C is the server's business
+    _signal.signal(_signal.SIGTERM, _signal.SIG_IGN)
     warmer = CgroupLockWarmer()
     # With worlds, each relay is the first process of a PID namespace of its own.
     own_pid_namespace = (
