@@ -104,16 +104,17 @@ browser:
 
 # The cgroup v2 host shape (issue 50): the hostile and host-shape suites in a QEMU guest booting
 # Debian 12's kernel 6.1 with pure cgroup v2 (tests/vm/, tests/vm/run-in-cgroup2-vm.sh). Apart from
-# `make test` (10-16 minutes under software emulation on 2 cores): `make test-cg2vm`. The packages
-# are installed here when missing (as root, or with passwordless sudo); without them tests/vm fails
-# under .ci/run and skips elsewhere, saying why.
+# `make test` (about 11 minutes under software emulation on 2 cores): `make test-cg2vm`, which
+# .ci/run runs after `make test`. The packages are installed here when missing (as root, or with
+# passwordless sudo); without them tests/vm fails under .ci/run and skips elsewhere, saying why.
 CG2VM_PACKAGES := qemu-system-x86 linux-image-amd64 busybox-static e2fsprogs
 .PHONY: cg2vm test-cg2vm
 cg2vm:
 	@command -v qemu-system-x86_64 >/dev/null && ls /boot/vmlinuz-6.1.* >/dev/null 2>&1 && \
 	  command -v busybox >/dev/null && command -v mke2fs >/dev/null || { \
 	  sudo=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
-	  $$sudo env DEBIAN_FRONTEND=noninteractive INITRD=No apt-get install -y -qq --no-install-recommends $(CG2VM_PACKAGES) >/dev/null 2>&1 || \
+	  install="$$sudo env DEBIAN_FRONTEND=noninteractive INITRD=No apt-get install -y -qq --no-install-recommends $(CG2VM_PACKAGES)"; \
+	  $$install >/dev/null 2>&1 || { $$sudo apt-get update -qq >/dev/null 2>&1 && $$install >/dev/null 2>&1; } || \
 	  echo "make: could not install $(CG2VM_PACKAGES): tests/vm skips (fails under .ci/run)"; }
 
 test-cg2vm: $(VENV)/.installed-test cg2vm
