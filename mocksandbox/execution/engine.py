@@ -31,6 +31,7 @@ from mocksandbox.execution.startup_proof import Proof, StartupProbe
 from mocksandbox.execution.syscall_filter import FilterUnavailable, compile_run_filter
 from mocksandbox.execution.workdirs import WorkdirPool, make_temp_file
 from mocksandbox.execution.world import (
+    FRESH_DIRS,
     KEPT_CAPABILITIES,
     RUN_DIRS,
     RUN_UID_COUNT,
@@ -718,6 +719,7 @@ def _start_lite(
             "hide": list(hidden),
             "hide_prefixed": [list(pair) for pair in hidden_prefixed],
             "keep_caps": list(KEPT_CAPABILITIES),
+            "fresh": list(FRESH_DIRS),
             "kept_max_age_s": settings.kept_root_max_age_s,
             # /tmp and /run start empty for every run: these, if there, are bound read-only.
             "show": _runtime_dirs(settings),

@@ -368,8 +368,9 @@ def lite_unavailable_reason(confinement_name: str = "") -> str | None:
     return None
 
 
-#: Dirs every run finds empty but for its own files, as in a fresh container (the launcher's
-#: ``_launcher_mask.FRESH_TOPS``): what the host keeps there is not in a run's view.
+#: Top-level dirs every run finds empty but for its own files, as in a fresh container: what the
+#: host keeps there is not in a run's view (the launcher's mask makes them so: the world's
+#: ``config["fresh"]``).
 FRESH_DIRS = ("/tmp", "/run")
 
 

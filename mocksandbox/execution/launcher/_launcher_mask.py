@@ -2,7 +2,7 @@
 
 A relay's world (``_launcher_world``) builds one :class:`Mask` once, on its scratch tmpfs, and
 stacks it in every run's root between the run's own layers and the host: an empty /dev, an empty
-/tmp and /run (:data:`FRESH_TOPS`), and every hidden path (secrets, the server's state:
+/tmp and /run (``Mask.fresh``), and every hidden path (secrets, the server's state:
 ``world["hide"]``) present but empty. Files that servers
 make as they go (``mocksandbox-*`` in their temp roots: ``world["hide_prefixed"]``) are hidden as
 they come and go, between runs (:meth:`Mask.refresh`).
@@ -19,27 +19,27 @@ and what it hides is the run root's too (it looks empty, not out of reach).
 
 import os
 
-#: Top-level dirs that every run finds empty, as in a fresh container: its own files only, not the
-#: host's, its users' or their sockets (an agent's, a session bus, Docker's: a socket's path reaches
-#: across network namespaces), nor what earlier runs or other servers left there; but for what it
-#: must see there (``World.shown``). Left out of the tops (:func:`host_tops`), or opaque in the mask.
-FRESH_TOPS = ("tmp", "run")
+
+def under(path: str, dirs) -> bool:
+    """Whether ``path`` is one of ``dirs`` or below one."""
+    return any(path == top or path.startswith(top + "/") for top in dirs)
 
 
-def host_tops() -> list:
+def host_tops(fresh: tuple) -> list:
     """``(name, how)`` for each dir at the top of the host's root file system that is a layer
     of its own in a run's root: ``overlay`` (copy-on-write, as the whole root elsewhere), or
     ``bind`` (read-only: something is mounted inside it, which an unprivileged overlay may not
     take as a layer). Empty dirs are left to the mask, where they are plain dirs; so are /proc,
     /sys and /dev (made for each run), and /tmp and /run, which a run finds as in a fresh
     container: its own files only, not the host's, its users' or their sockets (an agent's, a
-    session bus, Docker's: a socket's path reaches across network namespaces)."""
+    session bus, Docker's: a socket's path reaches across network namespaces): ``fresh``, the
+    world's ``config["fresh"]``."""
     with open("/proc/self/mountinfo") as mountinfo:
         mounted = [line.split()[4] for line in mountinfo]
     tops = []
     for name in sorted(os.listdir("/")):
         path = "/" + name
-        if name in ("proc", "sys", "dev", *FRESH_TOPS):
+        if name in ("proc", "sys", "dev") or path in fresh:
             continue
         try:
             info = os.lstat(path)
@@ -65,7 +65,7 @@ class Mask:
     ``opaque_xattr``: the xattr overlayfs keeps its opaque mark in; ``tops``: the host's top dirs
     that are layers of their own (:func:`host_tops`), or ``None``; ``shown``: host dirs a run must
     see where its tops leave them out (mount points are made for them here); ``config``: the
-    world's settings (``hide``, ``hide_prefixed``, ``reach``); ``joins``: the runs' user namespace
+    world's settings (``fresh``, ``hide``, ``hide_prefixed``, ``reach``); ``joins``: the runs' user namespace
     (``RunUsers``) where programs join it themselves, else ``None``.
     """
 
@@ -78,13 +78,16 @@ class Mask:
         self.tops = tops
         self.shown = shown
         self.joins = joins
+        #: Top-level dirs every run finds empty, as in a fresh container (the server's
+        #: ``world.FRESH_DIRS``): its own files only, not the host's, its users' or their sockets
+        #: (a socket's path reaches across network namespaces), nor what earlier runs or other
+        #: servers left there; but for what it must see there (``shown``). Left out of the tops
+        #: (:func:`host_tops`), or opaque dirs of the mask.
+        self.fresh = tuple(config["fresh"])
         #: Dirs whose entries with a prefix are hidden as they come and go: ``[dir, prefix]`` (not
-        #: in the fresh tops, which hide them all: a hidden one there would show its name).
-        fresh = tuple(f"/{name}" for name in FRESH_TOPS)
+        #: in the fresh dirs, which hide them all: a hidden one there would show its name).
         self.hidden_prefixes = [
-            tuple(pair)
-            for pair in config.get("hide_prefixed", [])
-            if not any(pair[0] == top or pair[0].startswith(top + "/") for top in fresh)
+            tuple(pair) for pair in config.get("hide_prefixed", []) if not under(pair[0], self.fresh)
         ]
         self._scanned: dict = {}
         self._masked: dict = {}
@@ -134,9 +137,9 @@ class Mask:
                     continue
         self._dir("/dev", True)  # (the runs' /dev is mounted on it: World._build_dev)
         if self.tops is None:  # (else they are no layer: empty plain dirs of the mask's top)
-            for name in FRESH_TOPS:
-                if os.path.isdir(self.host + "/" + name):
-                    self._dir("/" + name, True)  # (the host's mode and owner: /tmp stays 1777)
+            for top in self.fresh:
+                if os.path.isdir(self.host + top):
+                    self._dir(top, True)  # (the host's mode and owner: /tmp stays 1777)
         for path in hidden:
             if self.in_view(path):
                 self._hide(path)
@@ -147,9 +150,7 @@ class Mask:
         """Whether the host's ``path`` is in a run's view at all: not in a fresh top (/tmp, /run),
         which a run finds empty, but for a dir shown there. (A hidden path made here in a fresh top
         would show its name there: an empty dir of the mask.)"""
-        if not any(path.startswith(f"/{name}/") for name in FRESH_TOPS):
-            return True
-        return any(path == shown or path.startswith(shown + "/") for shown in self.shown)
+        return not under(path, self.fresh) or under(path, self.shown)
 
     def _reach(self, path: str) -> None:
         """Where programs join the runs' user namespace: the dirs on the way to the host dir

@@ -24,7 +24,7 @@ import binascii
 import os
 
 from _launcher_kept import KeptRoot
-from _launcher_mask import FRESH_TOPS, Mask, host_tops
+from _launcher_mask import Mask, host_tops, under
 from _launcher_syscalls import (
     CLONE_NEWIPC,
     CLONE_NEWNET,
@@ -169,10 +169,12 @@ class World:
         self._build_dev(calls)
         #: Host dirs a run must see where /tmp and /run start empty (the user's Python and
         #: runtime, kept under /tmp by a CI job or a checkout there): bound read-only for each run.
-        fresh = tuple(f"/{name}/" for name in FRESH_TOPS)
-        self.shown: list = [p for p in config.get("show", []) if p.startswith(fresh) and os.path.isdir(p)]
+        fresh = tuple(config["fresh"])
+        self.shown: list = [
+            p for p in config.get("show", []) if p not in fresh and under(p, fresh) and os.path.isdir(p)
+        ]
         if self.users and not self.host:
-            self.tops = host_tops()
+            self.tops = host_tops(fresh)
         #: The mask layer (hidden paths present but empty), built here once.
         self.mask_layer = Mask(
             self.mask, self.host, self.opaque_xattr, self.tops, self.shown, config, self.joins
