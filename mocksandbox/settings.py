@@ -85,6 +85,13 @@ class Settings(BaseModel):
     #: read-only to it, as for a server that is not root). ``off``: always without them (what a
     #: kernel before 6.3, whose tmpfs refuses them, gives; for tests of that path).
     idmapped_mounts: Literal["auto", "off"] = "auto"
+    #: Whether the relays of a server that is not root (each root in a user namespace of its own)
+    #: keep their mask layers (the empty copies that hide secrets, an empty /dev) on their own
+    #: tmpfs. Overlayfs there keeps its marks in ``user.*`` extended attributes, which tmpfs takes
+    #: from Linux 6.6 only. ``auto``: on the tmpfs where it takes them, else on the runs' dir (a
+    #: disk's file system, which does). ``off``: always on the runs' dir (what a kernel before 6.6
+    #: gives; for tests of that path).
+    tmpfs_user_xattrs: Literal["auto", "off"] = "auto"
     #: Environment variables passed to runs although their names look like credentials (names
     #: with TOKEN, SECRET, PASSWORD, API_KEY, ... and cloud prefixes are left out otherwise; in the
     #: environment, ``,``-separated).

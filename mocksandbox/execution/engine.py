@@ -721,6 +721,7 @@ def _start_lite(
             "keep_caps": list(KEPT_CAPABILITIES),
             "fresh": list(FRESH_DIRS),
             "kept_max_age_s": settings.kept_root_max_age_s,
+            "tmpfs_user_xattrs": settings.tmpfs_user_xattrs,
             # /tmp and /run start empty for every run: these, if there, are bound read-only.
             "show": _runtime_dirs(settings),
         }

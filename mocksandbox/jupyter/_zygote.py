@@ -225,6 +225,7 @@ class _Worlds:
         """In the child (PID 1 of its namespace): make the world, fork the kernel into it, and
         live as long as it does (never returns)."""
         code = 1
+        made = None
         try:
             os.setsid()
             import ctypes
@@ -260,6 +261,11 @@ class _Worlds:
         except BaseException:
             traceback.print_exc()
         finally:
+            if made is not None:
+                try:
+                    made.drop_mask()  # (kept on the runs' file system, where it is: World._mask_beside)
+                except BaseException:
+                    traceback.print_exc()
             os._exit(code)
 
 

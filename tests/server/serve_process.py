@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import platform
 import re
 import shutil
 import signal
@@ -83,7 +84,10 @@ class ServeProcess:
 #: user namespaces), ``pid-namespace-child`` (root, pid 2 of a PID namespace, as in a container
 #: under tini or ``sh -c``), ``root-without-idmap`` (root on a kernel whose tmpfs refuses idmapped
 #: mounts, before 6.3: Debian 12, Ubuntu 22.04, RHEL 9; made so by ``idmapped_mounts: off``). Each
-#: runs in a PID namespace of its own.
+#: runs in a PID namespace of its own. ``ordinary-user`` runs as on a kernel whose tmpfs refuses
+#: user extended attributes (before 6.6: its relays keep their masks on the runs' dir, made so by
+#: ``tmpfs_user_xattrs: off``): the way a server that is not root takes there, which only this
+#: shape takes; the tmpfs's way, relays in a user namespace take in the ``root`` shape.
 HOST_SHAPES = ("root", "root-without-cgroups", "ordinary-user", "pid-namespace-child", "root-without-idmap")
 #: The uid an ``ordinary-user`` server runs as.
 ORDINARY_UID = 65534
@@ -202,11 +206,19 @@ def shape_command(shape: str, command: list[str], home: Path | None = None) -> l
         # runs see), else the home.
         tmp_dir = Path("/tmp") / home.name
         tmp_dir = tmp_dir if tmp_dir.is_dir() else home
-        script += f' && exec {setpriv} env HOME={home} TMPDIR={tmp_dir} "$@"'
+        # (Where the kernel's tmpfs refuses them, as it would: auto's own way there.)
+        xattrs = "MOCKSANDBOX_TMPFS_USER_XATTRS=off " if tmpfs_takes_user_xattrs() else ""
+        script += f' && exec {setpriv} env HOME={home} TMPDIR={tmp_dir} {xattrs}"$@"'
     elif shape != "root":
         raise ValueError(f"no such host shape: {shape}")
     unshare = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "--mount"]
     return [*unshare, "/bin/sh", "-c", script, "sh", *command]
+
+
+def tmpfs_takes_user_xattrs() -> bool:
+    """Whether this kernel's tmpfs takes ``user.*`` extended attributes (Linux 6.6 and later)."""
+    version = tuple(int(part) for part in re.findall(r"\d+", platform.release())[:2])
+    return version >= (6, 6)
 
 
 def _reachable_for(uid: int, targets: list[Path]) -> str:

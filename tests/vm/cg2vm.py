@@ -24,7 +24,8 @@ linux-image-amd64 busybox-static``, and ``e2fsprogs``) and its settings. Here:
 
 Settings (environment): ``CG2VM_MEM`` (default 4G), ``CG2VM_CPUS`` (2), ``CG2VM_KERNEL`` (default:
 Debian 12's ``/boot/vmlinuz-6.1.*``), ``CG2VM_GUEST_TIMEOUT`` (seconds per suite, 2400),
-``CG2VM_HOST_SHAPES`` (which of ``serve_process.HOST_SHAPES`` run in the guest; default ``root``),
+``CG2VM_HOST_SHAPES`` (which of ``serve_process.HOST_SHAPES`` run in the guest; default ``root
+ordinary-user``),
 ``CG2VM_ACCEL``, ``CG2VM_ROOT``, ``CG2VM_IMAGE``, ``CG2VM_ARTIFACTS``, ``CG2VM_SCRIPT``.
 """
 
@@ -75,7 +76,7 @@ class Suite:
     def host_shapes(self) -> tuple[str, ...]:
         if not self.host_shapes_from_env:
             return ("root",)
-        return tuple(os.environ.get("CG2VM_HOST_SHAPES", "root").split())
+        return tuple(os.environ.get("CG2VM_HOST_SHAPES", "root ordinary-user").split())
 
 
 #: The shapes this harness makes. ``v2-root``: the server in the root cgroup of a pure cgroup v2

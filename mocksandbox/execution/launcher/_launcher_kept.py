@@ -60,7 +60,7 @@ class KeptRoot:
             self.base = f"{runs_dir}/kept-{name}"
             os.rename(building, self.base)
         except OSError:
-            _remove_tree(building)
+            remove_tree(building)
             raise
         try:
             os.mkdir(self.base + "/u", 0o755)
@@ -139,7 +139,7 @@ class KeptRoot:
         except OSError:
             pass
         try:
-            _remove_tree(path)
+            remove_tree(path)
         except Exception:
             return False
         return not os.path.lexists(path)
@@ -191,14 +191,14 @@ class KeptRoot:
         if self.changes is not None:
             os.close(self.changes)
             self.changes = None
-        _remove_tree(self.base)
+        remove_tree(self.base)
         try:
             os.close(self.lock)  # (after: the server removes no dir while it is locked)
         except OSError:
             pass
 
 
-def _remove_tree(path: str) -> None:
+def remove_tree(path: str) -> None:
     """``rm -rf path`` (the relay imports no shutil)."""
     try:
         entries = list(os.scandir(path))
@@ -216,7 +216,7 @@ def _remove_tree(path: str) -> None:
             os.rmdir(entry.path)
         except OSError:
             if entry.is_dir(follow_symlinks=False):
-                _remove_tree(entry.path)
+                remove_tree(entry.path)
     try:
         os.rmdir(path)
     except OSError:

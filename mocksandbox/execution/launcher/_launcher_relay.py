@@ -60,7 +60,10 @@ def run_relay(sock: _socket.socket, request: dict, fds: list, ran_fd: int) -> No
                 received = None
             if received is None:
                 if state.WORLD is not None:
-                    state.WORLD.drop_kept()  # (its upper layer is on the runs' tmpfs, which outlives us)
+                    # (On the runs' file system, which outlives us: its kept root's upper layer,
+                    # and its mask where it keeps it there.)
+                    state.WORLD.drop_kept()
+                    state.WORLD.drop_mask()
                 os._exit(0)  # the server closed our socket: it will send no more runs
             request, fds = received
             if request is not None:

@@ -23,7 +23,7 @@ import _socket
 import binascii
 import os
 
-from _launcher_kept import KeptRoot
+from _launcher_kept import KeptRoot, remove_tree
 from _launcher_mask import Mask, host_tops, under
 from _launcher_syscalls import (
     CLONE_NEWIPC,
@@ -60,6 +60,16 @@ _DEV_LINKS = (
     ("stderr", "/proc/self/fd/2"),
     ("ptmx", "pts/ptmx"),
 )
+
+
+def _takes_user_xattrs(path: str) -> bool:
+    """Whether the file system of ``path`` takes ``user.*`` extended attributes (tmpfs from 6.6)."""
+    try:
+        os.setxattr(path, "user.mocksandbox.probe", b"")
+        os.removexattr(path, "user.mocksandbox.probe")
+    except OSError:
+        return False
+    return True
 
 
 def _make_mount_point(root: str, target: str) -> None:
@@ -145,9 +155,23 @@ class World:
         calls.mount(None, "/proc/sys", None, read_only)
         if os.path.exists("/proc/sysrq-trigger"):
             calls.mount("/dev/null", "/proc/sysrq-trigger", None, MS_BIND)
+        # The scratch dir's place on the runs' file system, held before the tmpfs covers it: where
+        # the tmpfs cannot hold the mask, a relay of a server that is not root keeps it there
+        # (_mask_beside). (A root server's relays in a user namespace take the host's "/" as a
+        # layer, in which the runs' dir may be: a mask there would overlap it.)
+        beside = self.users and not self.host
+        below = os.open(self.scratch, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if beside else None
         calls.mount("tmpfs", self.scratch, "tmpfs", MS_NOSUID, "mode=0700,size=8m")
         for name in ("mask", "sys", "dev", "root", "kept", "mqueue"):
             os.mkdir(self.scratch + "/" + name, 0o755)
+        #: The mask's own dir on the runs' file system, where it is kept there (``_mask_beside``):
+        #: the descriptor of the dir holding it, and its name there; else ``None``.
+        self.mask_beside: tuple | None = None
+        if below is not None:
+            if config.get("tmpfs_user_xattrs") == "off" or not _takes_user_xattrs(self.mask):
+                self._mask_beside(below)
+            else:
+                os.close(below)
         #: The POSIX message queues of the relay's IPC namespace, where they can be seen (else
         #: every run's namespace is a new one: see ipc_left).
         self.mqueue: str | None = self.scratch + "/mqueue"
@@ -384,6 +408,41 @@ class World:
         kept, self.kept = self.kept, None
         if kept is not None:
             kept.drop()
+
+    def _mask_beside(self, below: int) -> None:
+        """The mask of a relay in a user namespace whose scratch tmpfs refuses ``user.*`` extended
+        attributes: a dir of its own on the runs' file system (``below``: the scratch dir's place
+        there, held from before the tmpfs covered it), bound at :attr:`mask`. In a user namespace
+        overlayfs keeps its marks (opaque dirs) in ``user.*`` attributes, which tmpfs takes from
+        Linux 6.6 only: on Debian 12's 6.1, Ubuntu 22.04's 5.15 and RHEL 9's 5.14 a server that is
+        not root got no world at all. Its runs' dir is on a disk, which takes them (ext4, xfs,
+        btrfs), and is in no layer of a run's root (the temp root, /tmp, is none: runs find it
+        empty). Removed when the relay leaves (:meth:`drop_mask`); what a relay killed from
+        outside leaves goes with the runs' dir, at the server's stop."""
+        self.mask_beside = (below, "mask-" + os.urandom(6).hex())
+        os.mkdir(self.mask_beside[1], 0o755, dir_fd=below)
+        made = os.open(
+            self.mask_beside[1], os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=below
+        )
+        try:
+            self.calls.mount(f"/proc/self/fd/{made}", self.mask, None, MS_BIND)
+        finally:
+            os.close(made)
+
+    def drop_mask(self) -> None:
+        """Remove the mask kept on the runs' file system, if any (the relay is leaving: no run
+        will stack it again)."""
+        beside, self.mask_beside = self.mask_beside, None
+        if beside is None:
+            return
+        below, name = beside
+        remove_tree(self.mask)  # (its contents: the dir itself is a mount point here)
+        try:
+            self.calls.umount(self.mask)
+            os.rmdir(name, dir_fd=below)
+        except OSError:
+            pass  # (the runs' dir goes with the server)
+        os.close(below)
 
     def enter(self, cwd: str) -> None:
         """In the forked program: into the run's root, with the kept capabilities only (and, where
