@@ -40,8 +40,9 @@ permit stays with the replica when it ends, for the next one. So the cap is neve
 fleet-wide (the permits leased never pass it), and a replica calls the actor only when its block
 runs out. Permits come back: those a replica left unused for ``TELL_EVERY_S``, all it holds when
 it dies (on Ray's report) or when the cap changes, and, when the pool is empty, all its unused ones
-at once (the actor recalls them before it refuses a request, so a refusal is exact: every permit
-is in use), one by one as they free while a request queues for one (``overload: queue``).
+at once (the actor recalls them before it refuses a request, and leases one permit at a time
+until its answer is in, so a refusal is exact: every permit is in use), one by one as they free
+while a request queues for one (``overload: queue``).
 """
 
 from __future__ import annotations
@@ -204,6 +205,9 @@ class ControlActor:
         #: Requests queued for a permit right now, and whether replicas give each one back at its end.
         self._queued = 0
         self._tight = False
+        #: Requests whose permit waits on a recall of the replicas' unused ones: meanwhile a lease
+        #: is one permit, not a block (see _take_permits).
+        self._recalling = 0
         self._recall = False
         #: Recalls (drains that take unused permits back) started and done: a recall waits for one
         #: that started after it asked.
@@ -455,33 +459,46 @@ class ControlActor:
         as long as ``wait`` says. The count taken, 0 when refused, -1 when the path is not leased
         (or ``epoch`` is over)."""
         deadline = None if wait is None else time.monotonic() + wait
-        recalled = False
-        while True:
-            with self._pool:
-                if self._mode != "leased" or (epoch is not None and epoch != self._lease_epoch):
-                    return -1
-                free = self._free_permits()
-                if free > 0:
-                    count = min(max(1, want), free)
-                    return count if take(count) else -1
-                if recalled:
-                    remaining = None if deadline is None else deadline - time.monotonic()
-                    if remaining is not None and remaining <= 0:
-                        return 0  # every permit is in use: the cap refuses, exactly
-                    if self._tight:  # replicas give each permit back as it frees: wait for one
-                        self._queued += 1
-                        try:
-                            pause = RECALL_EVERY_S if remaining is None else min(remaining, RECALL_EVERY_S)
-                            woken = self._pool.wait(pause)
-                        finally:
-                            self._queued -= 1
-                        recalled = woken  # (none came for a while: recall again, ends told since)
-                        continue
-            if not recalled:
-                self._drain(recall=True)
-                recalled = True
-            else:
-                self._tighten()
+        recalled = recalling = False
+        try:
+            while True:
+                with self._pool:
+                    if self._mode != "leased" or (epoch is not None and epoch != self._lease_epoch):
+                        return -1
+                    free = self._free_permits()
+                    if free > 0:
+                        # While a request waits on a recall, a lease is one permit, not a block: a
+                        # block leased now could sit unused with a replica that has answered the
+                        # recall already, and the cap would refuse with permits unused.
+                        count = 1 if self._recalling else min(max(1, want), free)
+                        return count if take(count) else -1
+                    if recalled:
+                        remaining = None if deadline is None else deadline - time.monotonic()
+                        if remaining is not None and remaining <= 0:
+                            return 0  # every permit is in use: the cap refuses, exactly
+                        if self._tight:  # replicas give each permit back as it frees: wait for one
+                            self._queued += 1
+                            try:
+                                pause = RECALL_EVERY_S
+                                if remaining is not None:
+                                    pause = min(remaining, RECALL_EVERY_S)
+                                woken = self._pool.wait(pause)
+                            finally:
+                                self._queued -= 1
+                            recalled = woken  # (none came for a while: recall again, ends told since)
+                            continue
+                    if not recalling:
+                        self._recalling += 1
+                        recalling = True
+                if not recalled:
+                    self._drain(recall=True)
+                    recalled = True
+                else:
+                    self._tighten()
+        finally:
+            if recalling:
+                with self._pool:
+                    self._recalling -= 1
 
     def _tighten(self) -> None:
         """A request queues for a permit: replicas give each permit back as its request ends."""

@@ -292,6 +292,45 @@ def test_before_refusing_the_actor_recalls_permits_a_replica_holds_unused(actor:
         assert actor.lease("b", epoch, 1)[1] == 0  # now every permit is in use: refused
 
 
+def test_a_lease_while_a_recall_is_under_way_takes_one_permit_not_a_block(actor: ControlActor) -> None:
+    """Exact refusals under a race: the permits a recall brings back are not leased in a block to
+    another replica while the request that recalled them waits for the rest of the answers (the
+    block would sit unused with a replica that has answered already, and the request would be
+    refused with permits unused)."""
+    actor.set_capacity(CapacityPolicy(max_in_flight=2))
+    for name in ("a", "b", "c"):
+        actor.register(name, None, f"node-{name}", f"http://{name}")
+    epoch = actor.path_word().epoch
+    assert actor.lease("a", epoch, 2)[1] == 2  # a holds both, in use by none
+    granted_to_c: list[int] = []
+    stop = threading.Event()
+
+    def poll() -> None:  # a answers the recall: its permits back, then c leases, then a's answer
+        seen, batch = -1, 0
+        while not stop.is_set():
+            word = actor.await_signal("a", seen, 0.2)
+            if word.signal <= seen:
+                continue
+            if word.recall:
+                actor.give_back("a", word.epoch, 2)
+                granted_to_c.append(actor.lease("c", word.epoch, 2)[1])  # a block of two, asked
+            batch += 1
+            actor.told("a", batch, [], word.signal, 0, word.epoch)
+            seen = word.signal
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    try:
+        deadline = time.monotonic() + 10
+        while "a" not in actor._acked and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert actor.lease("b", epoch, 1)[1] == 1  # not refused: one of the two is unused
+        assert granted_to_c == [1]
+    finally:
+        stop.set()
+        poller.join(10)
+
+
 @contextmanager
 def _answering_recalls(
     actor: ControlActor, replica: str, held: dict[str, int], delay: float = 0.0
