@@ -519,7 +519,7 @@ class RunsRoot:
         except OSError:
             pass
         if not self.mounted:
-            shutil.rmtree(self.path, ignore_errors=True)
+            remove_own_tree(self.path)
             return
         try:
             _umount(self.path)
@@ -529,6 +529,26 @@ class RunsRoot:
             os.rmdir(self.path)
         except OSError:
             pass
+
+
+def remove_own_tree(path: str) -> None:
+    """Remove ``path`` and all below it, all this user's: also what sits in a dir its owner may
+    not write or read (a relay's mask on the host's disk copies the modes of the host dirs it
+    hides: ``_launcher_mask``), whose modes are widened for it first."""
+    shutil.rmtree(path, ignore_errors=True)
+    if not os.path.lexists(path):
+        return
+    try:
+        os.chmod(path, 0o700)
+    except OSError:
+        return
+    for top, dirs, _ in os.walk(path):
+        for name in dirs:
+            try:
+                os.chmod(os.path.join(top, name), 0o700, follow_symlinks=False)
+            except (OSError, NotImplementedError):
+                pass
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _stale_by_lock(path: str) -> bool | None:
@@ -666,7 +686,7 @@ def reclaim_stale_runs_roots(parent: str) -> list[str]:
         if not _stale_by_lock(os.path.join(path, _OWNER_FILE)):
             continue  # alive, or not one of ours (no owner lock)
         if not mounted:
-            shutil.rmtree(path, ignore_errors=True)
+            remove_own_tree(path)
         else:
             try:
                 _umount(path)

@@ -13,6 +13,7 @@ from _launcher_syscalls import (
     CLONE_NEWNS,
     CLONE_NEWPID,
     CLONE_NEWUSER,
+    MS_BIND,
     MS_NODEV,
     MS_NOSUID,
     MS_REC,
@@ -21,6 +22,10 @@ from _launcher_syscalls import (
     Syscalls,
     write_text,
 )
+
+#: In the relays' scratch dir of a launcher that covered the runs' dir with a tmpfs of its own:
+#: that dir as it is on the host's disk (see ``World._mask_beside``).
+DISK_UNDER_RUNS = ".disk"
 
 
 class RunUsers:
@@ -74,8 +79,17 @@ class RunUsers:
         self.outside_uid, self.outside_gid = self.uid, self.gid
         if self.self_mapped:
             if users.get("runs_tmpfs"):
-                self._own_runs_tmpfs(config["runs_root"], users["runs_tmpfs"], calls)
+                on_disk = self._own_runs_tmpfs(config["runs_root"], users["runs_tmpfs"], calls)
                 os.mkdir(config["scratch"], 0o700)  # (the host's is under the tmpfs now)
+                # The runs' dir on the host's disk, under the tmpfs now, at <scratch>/.disk too:
+                # where relays keep their masks if their tmpfs cannot (World._mask_beside).
+                os.mkdir(config["scratch"] + "/" + DISK_UNDER_RUNS, 0o700)
+                try:
+                    calls.mount(
+                        f"/proc/self/fd/{on_disk}", config["scratch"] + "/" + DISK_UNDER_RUNS, None, MS_BIND
+                    )
+                finally:
+                    os.close(on_disk)
             return
         if self.programs_join:
             self.userns = self._make_namespace(calls)  # (nothing is mounted for it: no mount namespace)
@@ -92,18 +106,21 @@ class RunUsers:
             _idmapped_clone(calls, root, f"{base}/m{index}", self.userns, read_only=False)
         self.base = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
-    def _own_runs_tmpfs(self, runs_root: str, options: str, calls: Syscalls) -> None:
+    def _own_runs_tmpfs(self, runs_root: str, options: str, calls: Syscalls) -> int:
         """A server that is not root cannot mount the runs' tmpfs on the host: the launcher moves
         into a user and a mount namespace of its own (its root the server's uid) and mounts it
         there, sized, over the runs' dir. Relays inherit it; the server reaches it through
-        ``/proc/<launcher>/root`` (``RunsRoot.seen_through``); it is gone with the launcher."""
+        ``/proc/<launcher>/root`` (``RunsRoot.seen_through``); it is gone with the launcher.
+        Returns a descriptor of the runs' dir on the host's disk, below the tmpfs."""
         calls.unshare(CLONE_NEWUSER | CLONE_NEWNS)
         write_text("/proc/self/setgroups", "deny")
         write_text("/proc/self/uid_map", f"0 {self.uid} 1\n")
         write_text("/proc/self/gid_map", f"0 {self.gid} 1\n")
         calls.mount(None, "/", None, MS_REC | MS_SLAVE)
+        on_disk = os.open(runs_root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         calls.mount("tmpfs", runs_root, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0700,{options}")
         self.outside_uid = self.outside_gid = 0  # the relays' namespaces nest in this one
+        return on_disk
 
     def _make_namespace(self, calls: Syscalls) -> int:
         """A user namespace with the run's map (a child makes it, the launcher maps it and keeps

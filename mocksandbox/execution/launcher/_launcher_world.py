@@ -42,6 +42,7 @@ from _launcher_syscalls import (
     loopback_up,
     write_text,
 )
+from _launcher_users import DISK_UNDER_RUNS
 from _launcher_watch import end_the_run, say_ended_by_relay, unwatch_server
 
 #: The devices a run's /dev holds (name, major, minor): the harmless character devices.
@@ -159,8 +160,12 @@ class World:
         # the tmpfs cannot hold the mask, a relay of a server that is not root keeps it there
         # (_mask_beside). (A root server's relays in a user namespace take the host's "/" as a
         # layer, in which the runs' dir may be: a mask there would overlap it.)
-        beside = self.users and not self.host
-        below = os.open(self.scratch, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if beside else None
+        below = None
+        if self.users and not self.host:
+            # (The runs' dir on disk, where the launcher covered it with the runs' tmpfs.)
+            on_disk = self.scratch + "/" + DISK_UNDER_RUNS
+            where = on_disk if os.path.isdir(on_disk) else self.scratch
+            below = os.open(where, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         calls.mount("tmpfs", self.scratch, "tmpfs", MS_NOSUID, "mode=0700,size=8m")
         for name in ("mask", "sys", "dev", "root", "kept", "mqueue"):
             os.mkdir(self.scratch + "/" + name, 0o755)
@@ -411,12 +416,15 @@ class World:
 
     def _mask_beside(self, below: int) -> None:
         """The mask of a relay in a user namespace whose scratch tmpfs refuses ``user.*`` extended
-        attributes: a dir of its own on the runs' file system (``below``: the scratch dir's place
-        there, held from before the tmpfs covered it), bound at :attr:`mask`. In a user namespace
-        overlayfs keeps its marks (opaque dirs) in ``user.*`` attributes, which tmpfs takes from
-        Linux 6.6 only: on Debian 12's 6.1, Ubuntu 22.04's 5.15 and RHEL 9's 5.14 a server that is
-        not root got no world at all. Its runs' dir is on a disk, which takes them (ext4, xfs,
-        btrfs), and is in no layer of a run's root (the temp root, /tmp, is none: runs find it
+        attributes: a dir of its own on the host's disk, bound at :attr:`mask`. ``below`` is the
+        dir it is made in, held from before the scratch tmpfs covered it: the runs' dir on disk
+        (which the launcher covered with the runs' tmpfs, and bound at ``<scratch>/.disk``:
+        ``RunUsers``), or else (a Jupyter kernel's world) the scratch dir itself.
+
+        In a user namespace overlayfs keeps its marks (opaque dirs) in ``user.*`` attributes,
+        which tmpfs takes from Linux 6.6 only: on Debian 12's 6.1, Ubuntu 22.04's 5.15 and RHEL 9's
+        5.14 a server that is not root got no world at all. A disk's file system takes them (ext4,
+        xfs, btrfs), and the temp root is in no layer of a run's root (/tmp is none: runs find it
         empty). Removed when the relay leaves (:meth:`drop_mask`); what a relay killed from
         outside leaves goes with the runs' dir, at the server's stop."""
         self.mask_beside = (below, "mask-" + os.urandom(6).hex())
@@ -452,6 +460,8 @@ class World:
             os.close(self.kept.lock)  # the relay's to hold (a program could unlock it)
             if self.kept.changes is not None:
                 os.close(self.kept.changes)  # (a program could read its changes' events away)
+        if self.mask_beside is not None:
+            os.close(self.mask_beside[0])  # a dir of the host's: a way out of the run's root
         if self.joins is not None:
             self.joins.enter_root(self.calls, self.current, cwd, self.keep_caps, self.filtered)
             return
