@@ -76,8 +76,6 @@ class WorkdirPool:
         #: Dirs are kept only where they can be renamed without replacing anything (and not where
         #: a dir may still be seen after its run under its old name: a relay's kept root).
         self._reuse = reuse and _rename_noreplace is not None
-        self._random = random.Random()
-        self._random_pid = os.getpid()
 
     def take(self) -> str:
         """An empty dir, mode 0700, under a name no run has seen, for one run."""
@@ -118,11 +116,9 @@ class WorkdirPool:
         rename = _rename_noreplace
         if rename is None:
             return None
-        if self._random_pid != os.getpid():  # a forked worker: its own names, not its parent's
-            self._random, self._random_pid = random.Random(), os.getpid()
         parent = os.path.dirname(path)
         for _ in range(8):  # a name taken is retried, as mkdtemp does
-            fresh = os.path.join(parent, "tmp" + "".join(self._random.choices(_NAME_CHARACTERS, k=8)))
+            fresh = os.path.join(parent, temp_name())
             try:
                 rename(path, fresh)
             except FileExistsError:
@@ -158,14 +154,10 @@ class WorkdirPool:
             remove_workdir(path)
 
 
-#: Temp names for this process (``make_temp_dir``, ``make_temp_file``); a forked worker makes
-#: its own (``os.register_at_fork``), or it would try its parent's names first.
-_names = random.Random()
-os.register_at_fork(after_in_child=_names.seed)
-
-
-def _temp_name(prefix: str = "tmp", suffix: str = "") -> str:
-    return prefix + "".join(_names.choices(_NAME_CHARACTERS, k=8)) + suffix
+def temp_name(suffix: str = "") -> str:
+    """A fresh name as ``tempfile`` makes them: ``tmp``, eight random characters, ``suffix``.
+    (``random``'s own generator, which a forked worker reseeds: not its parent's names.)"""
+    return "tmp" + "".join(random.choices(_NAME_CHARACTERS, k=8)) + suffix
 
 
 def make_temp_dir(parent: str | None) -> str:
@@ -174,7 +166,7 @@ def make_temp_dir(parent: str | None) -> str:
     and remove of its dir)."""
     parent = os.path.abspath(parent if parent is not None else tempfile.gettempdir())
     for _ in range(tempfile.TMP_MAX):
-        path = os.path.join(parent, _temp_name())
+        path = os.path.join(parent, temp_name())
         try:
             os.mkdir(path, 0o700)
         except FileExistsError:
@@ -188,7 +180,7 @@ def make_temp_file(parent: str, suffix: str) -> tuple[int, str]:
     ``tmpXXXXXXXX<suffix>``, mode 0600, opened for writing; its descriptor and path."""
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     for _ in range(tempfile.TMP_MAX):
-        path = os.path.join(parent, _temp_name(suffix=suffix))
+        path = os.path.join(parent, temp_name(suffix))
         try:
             return os.open(path, flags, 0o600), path
         except FileExistsError:

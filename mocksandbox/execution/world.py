@@ -44,7 +44,6 @@ from __future__ import annotations
 import fcntl
 import itertools
 import os
-import random
 import secrets
 import shutil
 import stat
@@ -53,6 +52,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from mocksandbox.execution.workdirs import temp_name
 
 #: Capabilities a run keeps (Docker's default set less CAP_MKNOD and CAP_SYS_CHROOT): numbers from
 #: linux/capability.h. CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, SETGID, SETUID, SETPCAP,
@@ -703,7 +704,6 @@ def reclaim_stale_runs_roots(parent: str) -> list[str]:
 
 # -- one request's files -----------------------------------------------------------------------------
 
-_NAME_CHARACTERS = "abcdefghijklmnopqrstuvwxyz0123456789_"
 _MAX_SYMLINKS = 40
 
 
@@ -862,7 +862,7 @@ class LayeredWorkspace:
         self._hidden = hidden_paths
         self._root_device = os.stat("/").st_dev
         self._add_layer()
-        name = "tmp" + "".join(random.choices(_NAME_CHARACTERS, k=8))
+        name = temp_name()
         self.cwd = os.path.join(view_tmp_root, name)
         self.host_cwd = self._host(self.cwd, 0)
         if skeleton is None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from mocksandbox.core import MockSandbox
+from mocksandbox.execution import workdirs
 from mocksandbox.execution.workdirs import IDLE_WORKDIRS, WorkdirPool
 from mocksandbox.models import RunCodeRequest, RunStatus
 from mocksandbox.settings import load_settings
@@ -67,7 +68,7 @@ def test_a_reused_dir_never_replaces_one_that_has_its_new_name(
     parent = Path(first).parent
     names = iter(["tmpaaaaaaaa", "tmpbbbbbbbb"])
     (parent / "tmpaaaaaaaa").mkdir()  # empty: a plain rename(2) would silently replace it
-    monkeypatch.setattr(pool._random, "choices", lambda population, k: list(next(names)[3:]))
+    monkeypatch.setattr(workdirs, "temp_name", lambda suffix="": next(names) + suffix)
     assert pool.take() == str(parent / "tmpbbbbbbbb")
     assert (parent / "tmpaaaaaaaa").is_dir()
 
