@@ -207,6 +207,17 @@ def _kill_program_and_group(pid: int) -> None:
             pass
 
 
+def _write_some(fd: int, pending: memoryview) -> memoryview:
+    """Write what the non-blocking pipe ``fd`` takes of ``pending`` (a chunk at most); what is left
+    to write (nothing once the reader is gone: a program need not read its stdin)."""
+    try:
+        return pending[os.write(fd, pending[:_WRITE_CHUNK]) :]
+    except BlockingIOError:
+        return pending
+    except (BrokenPipeError, ConnectionResetError):
+        return pending[:0]
+
+
 class ProcessRunner:
     """Runs commands through the launcher under a :class:`Confinement`, capturing capped output."""
 
@@ -336,12 +347,7 @@ class ProcessRunner:
             if pending_stdin:
                 os.set_blocking(stdin_fd, False)
                 # Most stdin fits in the pipe's buffer: written now, it costs no turn of the loop.
-                try:
-                    pending_stdin = pending_stdin[os.write(stdin_fd, pending_stdin[:_WRITE_CHUNK]) :]
-                except BlockingIOError:
-                    pass
-                except (BrokenPipeError, ConnectionResetError):
-                    pending_stdin = pending_stdin[:0]
+                pending_stdin = _write_some(stdin_fd, pending_stdin)
             if pending_stdin:
                 selector.register(stdin_fd, selectors.EVENT_WRITE)
             else:
@@ -361,13 +367,7 @@ class ProcessRunner:
                         if status.pid is not None and by_pid and isinstance(jail, ProcessGroupJail):
                             jail.attach(status.pid)
                     elif fd == stdin_fd:
-                        try:
-                            written = os.write(fd, pending_stdin[:_WRITE_CHUNK])
-                            pending_stdin = pending_stdin[written:]
-                        except BlockingIOError:
-                            continue
-                        except (BrokenPipeError, ConnectionResetError):
-                            pending_stdin = pending_stdin[:0]
+                        pending_stdin = _write_some(fd, pending_stdin)
                         if not pending_stdin:
                             selector.unregister(fd)
                             os.close(fd)
