@@ -302,6 +302,7 @@ def main() -> int:
         _reply(protocol_out, {"error": f"cannot import ipykernel with {sys.executable}: {exc}"})
         return 1
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # kernels are reaped as soon as they exit
+    _become_subreaper()  # ... and so are the processes a killed kernel (or its world) leaves
     _reply(protocol_out, {"ready": True, "pid": os.getpid()})
     kernels: list[int] = []
     launcher_dir = next((a.split("=", 1)[1] for a in sys.argv[2:] if a.startswith("--launcher-dir=")), None)
@@ -320,6 +321,18 @@ def main() -> int:
         if worlds is not None:
             worlds.close()
     return 0
+
+
+def _become_subreaper() -> None:
+    """Make this process the reaper of its kernels' orphans (Linux ``PR_SET_CHILD_SUBREAPER``), so
+    that they are reaped at once (SIGCHLD is ignored here), not by the host's init, which may reap
+    late or, as a container's first process, never. Where it is refused, the init reaps them."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (ImportError, OSError, AttributeError):
+        pass
 
 
 def _still_ours(pid: int) -> bool:

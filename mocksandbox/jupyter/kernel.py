@@ -58,7 +58,12 @@ class KernelProcess(Protocol):
 
 
 def kill_tree(process: psutil.Process, timeout: float = 5.0) -> None:
-    """SIGKILL ``process``, its process group and its descendants; wait until they are gone."""
+    """SIGKILL ``process``, its process group and its descendants; wait until they have exited.
+
+    A process that has exited is done with, as a zombie too: its reaping is its parent's business.
+    (psutil's ``wait_procs`` waits for the reaping of a process that is not our child, which for
+    an orphan is the host's init's: about a second a kernel where that init reaps by polling,
+    forever where it never reaps, as a container's first process may not.)"""
     try:
         victims = [process, *process.children(recursive=True)]
     except psutil.NoSuchProcess:
@@ -73,7 +78,33 @@ def kill_tree(process: psutil.Process, timeout: float = 5.0) -> None:
             victim.kill()  # psutil checks the pid was not reused
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(victims, timeout=timeout)
+    _wait_exited(victims, timeout)
+
+
+def _wait_exited(processes: list[psutil.Process], timeout: float) -> None:
+    """Return once every one of ``processes`` has exited (or is gone), or ``timeout`` has passed.
+    Our own children are reaped on the way."""
+    deadline = time.monotonic() + timeout
+    interval = 0.0005
+    waiting = list(processes)
+    while True:
+        waiting = [process for process in waiting if not _exited(process)]
+        if not waiting or time.monotonic() >= deadline:
+            return
+        time.sleep(interval)
+        interval = min(interval * 2, 0.02)
+
+
+def _exited(process: psutil.Process) -> bool:
+    try:
+        if os.waitpid(process.pid, os.WNOHANG)[0] == process.pid:
+            return True  # our child, reaped here
+    except ChildProcessError:
+        pass  # not our child (or reaped already)
+    try:
+        return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 class SpawnedProcess:

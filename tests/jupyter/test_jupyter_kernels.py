@@ -324,3 +324,43 @@ def test_a_flood_of_output_is_capped() -> None:
     assert len(response.cells[0].stdout) == 4096
     assert response.cells[0].stdout.startswith("0\n1\n2\n")
     assert response.cells[1].stdout == "next cell\n"
+
+
+# -- ending a kernel's processes ---------------------------------------------------------------------
+
+
+def test_kill_tree_returns_once_its_processes_exited_not_once_someone_reaped_them(tmp_path: Path) -> None:
+    """A killed process that is not ours stays a zombie until its parent reaps it, which for a
+    kernel's orphans is an init that may reap late or never: ``kill_tree`` is done once it exited."""
+    import subprocess
+    import sys
+
+    from mocksandbox.jupyter.kernel import kill_tree
+
+    # A parent that never reaps: its child, once killed, stays a zombie while the parent lives.
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys, time\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n    time.sleep(600)\n    os._exit(0)\n"
+            "print(pid, flush=True)\n"
+            "sys.stdin.read()\n",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert parent.stdout is not None
+        child = psutil.Process(int(parent.stdout.readline()))
+        done = threading.Event()
+        killer = threading.Thread(target=lambda: (kill_tree(child, timeout=300), done.set()), daemon=True)
+        killer.start()
+        # (Waiting for the reaping would take the whole 300 s: the parent reaps nothing.)
+        assert done.wait(120), "kill_tree waited for a zombie to be reaped"
+        assert child.status() == psutil.STATUS_ZOMBIE  # exited, and not reaped by anyone
+    finally:
+        parent.kill()
+        parent.wait()
