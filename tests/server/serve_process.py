@@ -81,7 +81,7 @@ class ServeProcess:
 #: The hosts a server may find itself on, as this machine can make them for a test (issue 34):
 #: ``root`` (root with this machine's cgroups), ``root-without-cgroups`` (root, no cgroup writable:
 #: what a cgroup v2 host without delegation gives), ``ordinary-user`` (``nobody``, with unprivileged
-#: user namespaces), ``pid-namespace-child`` (root, pid 2 of a PID namespace, as in a container
+#: user namespaces), ``pid-namespace-child`` (root, pid 3 of a PID namespace, as in a container
 #: under tini or ``sh -c``), ``root-without-idmap`` (root on a kernel whose tmpfs refuses idmapped
 #: mounts, before 6.3: Debian 12, Ubuntu 22.04, RHEL 9; made so by ``idmapped_mounts: off``). Each
 #: runs in a PID namespace of its own. ``ordinary-user`` runs as on a kernel whose tmpfs refuses
@@ -184,18 +184,21 @@ def assert_runs_start_apart(server: ServeProcess) -> None:
 
 def shape_command(shape: str, command: list[str], home: Path | None = None) -> list[str]:
     """``command`` started as a server on a host of ``shape`` (see :data:`HOST_SHAPES`), always
-    as PID 1 or 2 of a PID namespace of its own, so that nothing it does reaches this machine's
-    other processes, and with a mount namespace of its own where the shape needs one."""
+    as PID 1 or 3 of a PID namespace of its own, so that nothing it does reaches this machine's
+    other processes, and with a mount namespace of its own where the shape needs one; with its
+    :data:`NEIGHBOUR` beside it."""
     if shutil.which("unshare") is None or shutil.which("setpriv") is None:
         pytest.skip("unshare(1) and setpriv(1) (util-linux) are needed for a host-shape server")
-    script = 'exec "$@"'
+    # Beside the server, as its user: the neighbour (see NEIGHBOUR), started just before it.
+    neighbour = f"{{ sleep {NEIGHBOUR} & }}"
+    script = f'{neighbour} && exec "$@"'
     if shape == "root-without-cgroups":
         # The cgroup hierarchies hidden behind an empty read-only tmpfs, in this mount namespace only.
-        script = 'mount -t tmpfs -o ro,mode=0555 none /sys/fs/cgroup && exec "$@"'
+        script = f'mount -t tmpfs -o ro,mode=0555 none /sys/fs/cgroup && {neighbour} && exec "$@"'
     elif shape == "pid-namespace-child":
-        script = '"$@" & wait $!'  # the server is pid 2; sh stays PID 1
+        script = f'sleep {NEIGHBOUR} & "$@" & wait $!'  # the server is pid 3; sh stays PID 1
     elif shape == "root-without-idmap":
-        script = 'MOCKSANDBOX_IDMAPPED_MOUNTS=off exec "$@"'
+        script = f'{neighbour} && MOCKSANDBOX_IDMAPPED_MOUNTS=off exec "$@"'
     elif shape == "ordinary-user":
         assert home is not None, "an ordinary user's server needs a home of its own"
         script = _reachable_for(
@@ -208,11 +211,39 @@ def shape_command(shape: str, command: list[str], home: Path | None = None) -> l
         tmp_dir = tmp_dir if tmp_dir.is_dir() else home
         # (Where the kernel's tmpfs refuses them, as it would: auto's own way there.)
         xattrs = "MOCKSANDBOX_TMPFS_USER_XATTRS=off " if tmpfs_takes_user_xattrs() else ""
+        script += f" && {{ {setpriv} sleep {NEIGHBOUR} & }}"
         script += f' && exec {setpriv} env HOME={home} TMPDIR={tmp_dir} {xattrs}"$@"'
     elif shape != "root":
         raise ValueError(f"no such host shape: {shape}")
     unshare = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "--mount"]
     return [*unshare, "/bin/sh", "-c", script, "sh", *command]
+
+
+#: How long the neighbour sleeps, which names it in a process list: a process of the server's user
+#: in the server's PID namespace, started beside it, that runs must neither see nor signal. (The
+#: server itself cannot prove that where it is the namespace's PID 1: the kernel drops a SIGKILL
+#: sent to PID 1 from inside its namespace, and a run would see only a handful of processes there
+#: even with no world of its own.)
+NEIGHBOUR = "86399.25"
+
+
+def neighbour_of(server: subprocess.Popen[str]) -> psutil.Process:
+    """The neighbour started beside ``server`` (a process of :func:`shape_command`'s)."""
+    found = [
+        child
+        for child in psutil.Process(server.pid).children(recursive=True)
+        if child.cmdline() == ["sleep", NEIGHBOUR]
+    ]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def is_alive(process: psutil.Process) -> bool:
+    """Whether ``process`` runs still (a zombie has ended)."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def tmpfs_takes_user_xattrs() -> bool:
