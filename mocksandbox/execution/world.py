@@ -532,10 +532,12 @@ class RunsRoot:
             pass
 
 
-def remove_own_tree(path: str) -> None:
+def remove_own_tree(path: str | os.PathLike[str]) -> None:
     """Remove ``path`` and all below it, all this user's: also what sits in a dir its owner may
-    not write or read (a relay's mask on the host's disk copies the modes of the host dirs it
-    hides: ``_launcher_mask``), whose modes are widened for it first."""
+    not write or read, whose modes are widened for it first: a relay's mask on the host's disk
+    copies the modes of the host dirs it hides (``_launcher_mask``), and overlayfs makes its work
+    dir's own ``work`` dir with mode 000, which a server that is not root cannot otherwise enter."""
+    path = os.fspath(path)
     shutil.rmtree(path, ignore_errors=True)
     if not os.path.lexists(path):
         return

@@ -16,7 +16,6 @@ import os
 import re
 import secrets
 import shlex
-import shutil
 import tempfile
 import threading
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from mocksandbox.execution.engine import CommandRunner, program_environment
-from mocksandbox.execution.world import RunOwner
+from mocksandbox.execution.world import RunOwner, remove_own_tree
 from mocksandbox.sessions.actions import (
     ActionError,
     DiffBlock,
@@ -304,7 +303,7 @@ class SessionManager:
                 for name in ("tmp", "ctl", "workspace"):  # (the dirs its commands work in)
                     self._give_to_commands(root / name)
         except BaseException:
-            shutil.rmtree(root, ignore_errors=True)
+            remove_own_tree(root)
             with store.transaction() as db:
                 db.execute("DELETE FROM sessions WHERE sid = ?", (sid,))
             raise
@@ -508,10 +507,10 @@ class SessionManager:
             if store is None or self._state_dir is None:
                 return
             for record in store.all():
-                shutil.rmtree(record.root, ignore_errors=True)
+                remove_own_tree(record.root)
             store.clear()
             for child in (self._state_dir / "sessions").iterdir():
-                shutil.rmtree(child, ignore_errors=True)
+                remove_own_tree(child)
             self._session_locks.clear()
 
     def close(self) -> None:
@@ -531,7 +530,7 @@ class SessionManager:
                 self._lock_file.close()
                 self._lock_file = None
             if self._ephemeral and self._state_dir is not None:
-                shutil.rmtree(self._state_dir, ignore_errors=True)
+                remove_own_tree(self._state_dir)
             if self._state_dir is not None:
                 self.registry.forget_bases(self._state_dir / "bases")
             self._state_dir = None
@@ -640,7 +639,7 @@ class SessionManager:
                 return "a command's write reached the host"
             return None
         finally:
-            shutil.rmtree(probe, ignore_errors=True)
+            remove_own_tree(probe)
 
     def _give_to_commands(self, path: Path) -> None:
         """``path`` and what is below it given to the uid of the session's commands, where they run
@@ -750,7 +749,7 @@ class SessionManager:
 
     @staticmethod
     def _free(record: SessionRecord) -> None:
-        shutil.rmtree(record.root, ignore_errors=True)
+        remove_own_tree(record.root)
 
 
 def _relative_diff_paths(patch: str, workspace_name: str) -> str:
@@ -811,9 +810,9 @@ def recover_state_dir(store: SessionStore, state_dir: Path, clock: Callable[[], 
             store.update(record.sid, state="leaked", reason="lost", ended_at=clock())
     for child in (state_dir / "sessions").iterdir():
         if child.name not in known:
-            shutil.rmtree(child, ignore_errors=True)
+            remove_own_tree(child)
     for sub in ("scratch", "locks"):
-        shutil.rmtree(state_dir / sub, ignore_errors=True)
+        remove_own_tree(state_dir / sub)
         (state_dir / sub).mkdir()
 
 
@@ -832,7 +831,7 @@ class SharedStateDir:
             fcntl.flock(self._lock_file, fcntl.LOCK_UN)
         self._lock_file.close()
         if self.temporary:
-            shutil.rmtree(self.path, ignore_errors=True)
+            remove_own_tree(self.path)
 
 
 def open_shared_state_dir(settings: Settings, clock: Callable[[], float] = time.time) -> SharedStateDir:

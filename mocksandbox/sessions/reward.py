@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import re
 import shlex
-import shutil
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from mocksandbox.execution.world import remove_own_tree
 from mocksandbox.sessions.errors import ScoringError
 from mocksandbox.sessions.executor import ExecResult, SessionExecutor
 from mocksandbox.sessions.gitops import (
@@ -148,7 +148,7 @@ def score(
         result.patch_successfully_applied = patch_exists
         ran = _run_tests(instance, base_repo, base_sha, executor, root, python, env, timeout, in_world, give)
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        remove_own_tree(root)
     result.log += ran.output
     if ran.error:
         result.log += f"\n[sandbox error: {ran.error}]"
@@ -169,7 +169,7 @@ def score(
                     instance, base_repo, base_sha, executor, base_root, python, env, timeout, in_world, give
                 )
             finally:
-                shutil.rmtree(base_root, ignore_errors=True)
+                remove_own_tree(base_root)
             base_statuses = parse_pytest_summary(base_ran.output)
             if not any(test in base_statuses for test in tests):
                 ran = base_ran

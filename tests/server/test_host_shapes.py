@@ -128,6 +128,9 @@ def server(shape: str, home: Path) -> Iterator[ServeProcess]:
     stop_serve(process.process)
     assert kept, "the server held no lock in the temp dir"
     assert not [p for p in kept if p.exists()], kept
+    # Nothing of its at all, after its start-up probes, its runs, kernels and swedev sessions.
+    left = sorted(str(path) for path in (Path("/tmp") / home.name).rglob("*"))
+    assert not left, f"the server ({shape}) left this in its temp dir: {left[:20]}"
 
 
 def answers(server: ServeProcess) -> bool:
@@ -352,6 +355,29 @@ def test_scratch_space_is_bounded(server: ServeProcess, shape: str) -> None:
     assert shutil.disk_usage("/tmp").used - disk < (1 << 30)  # not on the host's disk
     assert stdout_of(server.run("print('alive')")) == "alive\n"
     held.update(("scratch bound",))
+
+
+def test_a_swedev_session_runs_and_ends(server: ServeProcess) -> None:
+    """A swedev episode (its world, the repository's commands, the scoring): the server's fixture
+    then checks it left nothing in its temp dir."""
+
+    def post(path: str, body: dict[str, object]) -> dict[str, object]:
+        reply = requests.post(f"{server.url}{path}", json=body, timeout=300, proxies=NO_PROXY)
+        assert reply.status_code == 200, reply.text
+        answer: dict[str, object] = reply.json()
+        return answer
+
+    sid = post("/start_instance", {"instance_id": "acme__pagekit-17"})["sid"]
+    content = post(
+        "/process_action",
+        {
+            "sid": sid,
+            "content": "<function=execute_bash>\n<parameter=command>ls; touch made-here</parameter>\n</function>",
+        },
+    )
+    assert "EXECUTION RESULT of" in str(content["content"]), content
+    post("/postprocess", {"sid": sid})
+    assert "reward" in post("/compute_reward", {"sid": int(str(sid))})
 
 
 def test_doctor_tells_the_truth(shape: str, home: Path, server: ServeProcess) -> None:
