@@ -390,6 +390,8 @@ class CgroupV2Jail:
         #: The last kill_all found the group empty. Nothing enters it after that (only the run's
         #: program joins, and its descendants would have been found): close() need not look again.
         self._found_empty = False
+        #: ``pids.current`` read 0 after the run: no task at all, live or dead (see kill_all).
+        self._found_drained = False
         #: ``memory.events``, where the memory controller is in use, and its ``oom_kill`` and
         #: ``oom`` counts at the last look (a new group: none).
         self._memory_events_file = str(directory / "memory.events") if max_memory_bytes is not None else None
@@ -398,10 +400,16 @@ class CgroupV2Jail:
     def reopen(self) -> CgroupV2Jail:
         self._closed = False
         self._found_empty = False
+        self._found_drained = False
         return self
 
     def kill_all(self) -> None:
         if self._found_empty:
+            return
+        if self._pids_current is not None and self._charged() == 0:
+            # No task charged, not even a dead one: nothing to kill and nothing to wait for,
+            # known from one file (most runs).
+            self._found_empty = self._found_drained = True
             return
         if not _populated(self._events):
             self._found_empty = True
@@ -470,7 +478,7 @@ class CgroupV2Jail:
         def drained() -> bool:
             return self._charged() == 0 and (self._found_empty or not _populated(self._events))
 
-        return _wait(drained, within)
+        return self._found_drained or _wait(drained, within)
 
     def remove(self) -> bool:
         """Delete the group (waiting briefly for dying tasks to leave); whether it is gone."""

@@ -208,12 +208,14 @@ def _read(path: str) -> bytes:
     try:
         # Page by page: a read's buffer is allocated whole, and these files hold a few bytes
         # (a buffer of a megabyte cost each read about 15 us more).
+        # A read that comes back short has read the whole file: cgroup files give all they hold
+        # up to the size asked for (no second read to see the end, in the common case).
         chunks: list[bytes] = []
         while True:
             chunk = os.read(fd, 4096)
-            if not chunk:
-                return b"".join(chunks)
             chunks.append(chunk)
+            if len(chunk) < 4096:
+                return b"".join(chunks)
     finally:
         os.close(fd)
 
@@ -266,8 +268,10 @@ class CgroupJail:
         self._pids_current = str(dirs["pids"] / "pids.current")
         #: The last kill_all found no task in the group. Nothing can enter it after that (only the
         #: run's program joins, and its descendants, who would have been found), so close() need
-        #: not look again: a run costs two reads of control files instead of four.
+        #: not look again.
         self._found_empty = False
+        #: ``pids.current`` read 0 after the run: no task at all, live or dead (see kill_all).
+        self._found_drained = False
         #: The memory cgroup's OOM kills at the last look (a new group: none), and its own limit.
         self._oom_kills = 0
         self.max_memory_bytes = max_memory_bytes
@@ -275,6 +279,7 @@ class CgroupJail:
     def reopen(self) -> CgroupJail:
         self._closed = False
         self._found_empty = False
+        self._found_drained = False
         return self
 
     def _pids(self) -> list[int]:
@@ -282,6 +287,11 @@ class CgroupJail:
 
     def kill_all(self) -> None:
         if self._found_empty:
+            return
+        if self._charged() == 0:
+            # No task charged, not even a dead one: nothing to kill and nothing to wait for, known
+            # from one file (most runs; their cgroup.procs and a second read are spared).
+            self._found_empty = self._found_drained = True
             return
         if not self._pids():
             self._found_empty = True
@@ -329,6 +339,8 @@ class CgroupJail:
         them as they die (see ``launcher/_launcher_serve.py``), so this is normally already true, or
         true within a few milliseconds.
         """
+        if self._found_drained:
+            return True
         deadline = time.monotonic() + within
         pause = 0.0005
         while True:

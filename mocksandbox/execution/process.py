@@ -35,6 +35,9 @@ from mocksandbox.models import CommandRunResult, CommandRunStatus
 
 _READ_CHUNK = 64 * 1024
 _WRITE_CHUNK = 64 * 1024
+#: What a new, empty pipe takes at least (a page; 64 KiB unless the user's pipes are over
+#: ``fs.pipe-user-pages-soft``): a write of no more is never left waiting.
+_PIPE_LEAST_CAPACITY = 4096
 #: What SandboxFusion's event loop (uvloop) reads from a stream at a time.
 _SANDBOXFUSION_READ_CHUNK = 256 * 1024
 #: The send buffer of the program's end of its stdout and stderr sockets (output mode
@@ -341,12 +344,17 @@ class ProcessRunner:
         by_pid = isinstance(jail, ProcessGroupJail) and spec.world is None
         released = False
         try:
+            # The ends read stay blocking: each read follows a poll that said it would not block
+            # (one reader; a pipe or socket stays readable until read). Each set_blocking was a
+            # system call, and each of those lets the other threads take the GIL.
             for fd in (stdout_fd, stderr_fd, status_fd):
-                os.set_blocking(fd, False)
                 selector.register(fd, selectors.EVENT_READ)
             if pending_stdin:
-                os.set_blocking(stdin_fd, False)
                 # Most stdin fits in the pipe's buffer: written now, it costs no turn of the loop.
+                # Into the new, empty pipe, up to a page (the least a pipe holds) is written whole
+                # without blocking; more is written as the pipe takes it, without blocking.
+                if len(pending_stdin) > _PIPE_LEAST_CAPACITY:
+                    os.set_blocking(stdin_fd, False)
                 pending_stdin = _write_some(stdin_fd, pending_stdin)
             if pending_stdin:
                 selector.register(stdin_fd, selectors.EVENT_WRITE)

@@ -89,9 +89,10 @@ class WorkdirPool:
                 return renamed
             remove_workdir(idle[0])
         path = make_temp_dir(self.root)
-        made = os.lstat(path)
-        with self._lock:
-            self._identity[path] = (made.st_dev, made.st_ino)
+        if self._reuse:  # (what it was made as, to know it when it comes back)
+            made = os.lstat(path)
+            with self._lock:
+                self._identity[path] = (made.st_dev, made.st_ino)
         return path
 
     def give_back(self, path: str, code_path: str | None) -> None:
