@@ -166,14 +166,14 @@ def _populated(events: str) -> bool:
     """Whether the group whose ``cgroup.events`` is ``events`` (or any below it) holds a live
     process; a group that is gone holds none."""
     try:
-        return b"populated 1" in _read(events)
+        return b"populated 1" in _read(events, one_page=True)
     except OSError:
         return False
 
 
 def _frozen(events: str) -> bool:
     try:
-        return b"frozen 1" in _read(events)
+        return b"frozen 1" in _read(events, one_page=True)
     except OSError:
         return False
 
@@ -446,7 +446,7 @@ class CgroupV2Jail:
         if self._memory_events_file is None:
             return False
         try:
-            events = _read(self._memory_events_file)
+            events = _read(self._memory_events_file, one_page=True)
             counts = (_counter(events, b"oom_kill"), _counter(events, b"oom"))
         except (OSError, ValueError):
             return False
@@ -466,7 +466,7 @@ class CgroupV2Jail:
         if self._pids_current is None:
             return 0  # no pids controller: nothing is charged, nothing to drain
         try:
-            return int(_read(self._pids_current))
+            return int(_read(self._pids_current, one_page=True))
         except (OSError, ValueError):
             return None
 

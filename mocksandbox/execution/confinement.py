@@ -201,21 +201,24 @@ def _kill_group(procs_file: str, freezer_state: Path | None, within: float) -> N
             time.sleep(0.001)
 
 
-def _read(path: str) -> bytes:
+def _read(path: str, one_page: bool = False) -> bytes:
     """A small control file's contents, with plain system calls (several per run: pathlib and io
-    objects would cost more than the reads)."""
+    objects would cost more than the reads). ``one_page``: a file that always fits in a page (one
+    value, or a few flat keys), which one read gets whole: no second read to see its end. (Not so
+    a list, such as ``cgroup.procs``: a read of one can come back short before its end, where
+    the next line would not fit.)"""
     fd = os.open(path, os.O_RDONLY)
     try:
+        if one_page:
+            return os.read(fd, 4096)
         # Page by page: a read's buffer is allocated whole, and these files hold a few bytes
         # (a buffer of a megabyte cost each read about 15 us more).
-        # A read that comes back short has read the whole file: cgroup files give all they hold
-        # up to the size asked for (no second read to see the end, in the common case).
         chunks: list[bytes] = []
         while True:
             chunk = os.read(fd, 4096)
-            chunks.append(chunk)
-            if len(chunk) < 4096:
+            if not chunk:
                 return b"".join(chunks)
+            chunks.append(chunk)
     finally:
         os.close(fd)
 
@@ -307,8 +310,8 @@ class CgroupJail:
         nothing for it."""
         memory = self._dirs["memory"]
         try:
-            kills = _counter(_read(str(memory / "memory.oom_control")), b"oom_kill")
-            peak = int(_read(str(memory / "memory.max_usage_in_bytes")))
+            kills = _counter(_read(str(memory / "memory.oom_control"), one_page=True), b"oom_kill")
+            peak = int(_read(str(memory / "memory.max_usage_in_bytes"), one_page=True))
             _write(memory / "memory.max_usage_in_bytes", "0")
         except (OSError, ValueError):
             return False
@@ -326,7 +329,7 @@ class CgroupJail:
 
     def _charged(self) -> int | None:
         try:
-            return int(_read(self._pids_current))
+            return int(_read(self._pids_current, one_page=True))
         except (OSError, ValueError):
             return None
 

@@ -142,3 +142,13 @@ def test_a_server_starting_beside_another_never_takes_its_new_groups_for_a_dead_
         for other in others:
             other.kill()
             other.wait()
+
+
+def test_a_list_file_is_read_to_its_end_though_a_read_comes_back_short() -> None:
+    """``cgroup.procs`` is a seq_file: a read can come back short of the size asked for before the
+    file's end (where its next line would not fit). The kernel's symbol list (megabytes of short
+    lines, the same every read) has such reads at once; read as a list, it comes back whole."""
+    path = "/proc/kallsyms"
+    whole = Path(path).read_bytes()
+    assert len(whole) > 4096
+    assert confinement._read(path) == whole
