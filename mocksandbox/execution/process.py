@@ -211,8 +211,9 @@ def _kill_program_and_group(pid: int) -> None:
 
 
 def _write_some(fd: int, pending: memoryview) -> memoryview:
-    """Write what the non-blocking pipe ``fd`` takes of ``pending`` (a chunk at most); what is left
-    to write (nothing once the reader is gone: a program need not read its stdin)."""
+    """Write what the pipe ``fd`` takes of ``pending`` (a chunk at most) without waiting: ``fd`` is
+    non-blocking, or ``pending`` is a page or less and the pipe new and empty; what is left to
+    write (nothing once the reader is gone: a program need not read its stdin)."""
     try:
         return pending[os.write(fd, pending[:_WRITE_CHUNK]) :]
     except BlockingIOError:

@@ -101,10 +101,15 @@ def _exited(process: psutil.Process) -> bool:
             return True  # our child, reaped here
     except ChildProcessError:
         pass  # not our child (or reaped already)
+    return not _running(process)
+
+
+def _running(process: psutil.Process) -> bool:
+    """Whether ``process`` is still running (a zombie has exited)."""
     try:
-        return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
-        return True
+        return False
 
 
 class SpawnedProcess:
@@ -137,12 +142,7 @@ class ForkedProcess:
             self._process = None
 
     def is_alive(self) -> bool:
-        if self._process is None:
-            return False
-        try:
-            return self._process.is_running() and self._process.status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
+        return self._process is not None and _running(self._process)
 
     def kill(self) -> None:
         if self._process is not None:
