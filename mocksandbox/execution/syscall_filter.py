@@ -12,7 +12,7 @@ it allows them to a container that holds ``CAP_SYS_ADMIN`` and refuses them to o
 run never holds it (nor can it: its bounding set is Docker's default capabilities), so the kernel
 refuses them with ``EPERM``; the relay, which mounts each run's root, holds it in the runs' user
 namespace. So is ``unshare(CLONE_NEWIPC)`` with no other flag: the relay gives each run an IPC
-namespace of its own with it (``_launcher_world.World.renew_ipc``), and the kernel refuses it to a
+namespace of its own with it (``_launcher_ipc.RunIpc.renew``), and the kernel refuses it to a
 run, for want of ``CAP_SYS_ADMIN``; every other ``unshare`` is refused here.
 
 The filter is compiled here, with libseccomp (through ``pyseccomp``, a ctypes binding to the host's

@@ -1,4 +1,4 @@
-"""Each run of a world has an IPC namespace of its own (``_launcher_world.World.renew_ipc``): SysV
+"""Each run of a world has an IPC namespace of its own (``_launcher_ipc.RunIpc.renew``): SysV
 shared memory, semaphores and message queues and POSIX message queues outlive the processes that
 made them, in their namespace, so a relay's runs would otherwise find what its earlier runs left
 (and could pile up shared memory run after run). Real engines (isolation lite, both exec modes),

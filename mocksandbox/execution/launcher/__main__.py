@@ -15,6 +15,9 @@ top-level names:
 ``_launcher_python``    the warm Python program: this interpreter turned into ``python <file>``
 ``_launcher_limits``    rlimits, thread stacks and the recursion count a program starts with
 ``_launcher_world``     a run's world (isolation lite): a relay's namespaces, each run's root
+``_launcher_devices``   the runs' /dev, made once per relay
+``_launcher_ipc``       what runs leave in the relay's IPC namespace, and a new one where they do
+``_launcher_reaping``   the relay as its runs' PID 1: the program waited for, orphans reaped
 ``_launcher_mask``      the mask layer that hides the server's secrets and state from runs
 ``_launcher_kept``      a root kept from run to run for runs that touch only their own dir
 ``_launcher_users``     uid maps: runs as an unprivileged range of host uids (joined by a world's

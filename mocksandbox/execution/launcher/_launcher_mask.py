@@ -135,7 +135,7 @@ class Mask:
                         self._dir("/" + name, False)
                 except OSError:
                     continue
-        self._dir("/dev", True)  # (the runs' /dev is mounted on it: World._build_dev)
+        self._dir("/dev", True)  # (the runs' /dev is mounted on it: _launcher_devices)
         if self.tops is None:  # (else they are no layer: empty plain dirs of the mask's top)
             for top in self.fresh:
                 if os.path.isdir(self.host + top):

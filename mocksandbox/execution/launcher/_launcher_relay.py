@@ -88,9 +88,7 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
             if state.WORLD is None:
                 raise OSError(95, "this launcher makes no worlds")  # EOPNOTSUPP
             state.WORLD.mount_run(world, request["cwd"])
-            if state.WORLD.kernel_reaps:  # this run's children: ours to wait for
-                _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
-                state.WORLD.kernel_reaps = False
+            state.WORLD.reaper.before_run()
         state.THREAD_STACKS.prepare(request)
         if state.SYSCALLS is not None:  # (an exec'ed program gets its command line from execve)
             state.SYSCALLS.prepare_command_line(
@@ -123,7 +121,7 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
     try:
         if world is not None:
             try:
-                status = state.WORLD.wait_for_program(pid, sock, server_gone)
+                status = state.WORLD.reaper.wait_for_program(pid, sock, server_gone)
             finally:
                 close_all(fds[:3])
         else:
@@ -150,15 +148,15 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
     finally:
         state.WATCHED_STATUS_FD = None
         if world is not None and not nothing_left:
-            state.WORLD.reap()
+            state.WORLD.reaper.reap()
         os.close(status_fd)
         if world is not None:
             state.WORLD.unmount_run()  # (the next run of this relay waits for it)
             # (Where some of the run's processes may live on, what they may yet make is not
             # counted now: a new namespace all the same.)
-            if not nothing_left or state.WORLD.ipc_left():
+            if not nothing_left or state.WORLD.ipc.left():
                 try:
-                    state.WORLD.renew_ipc()  # (here, after the answer, rather than before the next run)
+                    state.WORLD.ipc.renew()  # (here, after the answer, rather than before the next run)
                 except OSError:
                     pass  # tried again before the next run, which fails if it fails again
 
@@ -166,7 +164,7 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
 def _end_what_the_program_left(world: dict) -> None:
     """Once a world's program has exited: what it left is killed, and its root unmounted where
     that must come before the answer."""
-    if state.WORLD.anything_left():
+    if state.WORLD.reaper.anything_left():
         # Nothing the program started outlives it (as its cgroup's kill would see to, where
         # there is one): this relay is PID 1 of the run's namespace, -1 is all the rest of it.
         try:
@@ -175,7 +173,7 @@ def _end_what_the_program_left(world: dict) -> None:
             pass  # nothing left
         # Once they are gone, the run's files change no more: the server, told the run is
         # over when the status pipe closes, reads them and removes them at once.
-        state.WORLD.reap(until_gone=True)
+        state.WORLD.reaper.reap(until_gone=True)
     if state.WORLD.kept is not None and state.WORLD.kept.cwd is not None:
         return  # (its dir goes once the exit is said; its root is checked after the answer)
     # The run's root is unmounted once the answer is on its way, where nothing needs it

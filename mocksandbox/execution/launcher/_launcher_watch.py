@@ -92,6 +92,6 @@ def end_the_run(signum: int, frame: object) -> None:
     if world is None:
         return
     os.kill(-1, _signal.SIGKILL)
-    world.reap(until_gone=True)
+    world.reaper.reap(until_gone=True)
     world.drop_kept()
     os._exit(1)

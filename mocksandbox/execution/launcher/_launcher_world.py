@@ -19,12 +19,14 @@ A Jupyter kernel's world is made by the same class, in the kernels' fork server
 """
 
 import _signal
-import _socket
 import binascii
 import os
 
+from _launcher_devices import build_dev
+from _launcher_ipc import RunIpc
 from _launcher_kept import KeptRoot, remove_tree
 from _launcher_mask import Mask, host_tops, under
+from _launcher_reaping import RunReaper
 from _launcher_syscalls import (
     CLONE_NEWIPC,
     CLONE_NEWNET,
@@ -43,24 +45,7 @@ from _launcher_syscalls import (
     write_text,
 )
 from _launcher_users import DISK_UNDER_RUNS
-from _launcher_watch import end_the_run, say_ended_by_relay, unwatch_server
-
-#: The devices a run's /dev holds (name, major, minor): the harmless character devices.
-_DEVICES = (
-    ("null", 1, 3),
-    ("zero", 1, 5),
-    ("full", 1, 7),
-    ("random", 1, 8),
-    ("urandom", 1, 9),
-    ("tty", 5, 0),
-)
-_DEV_LINKS = (
-    ("fd", "/proc/self/fd"),
-    ("stdin", "/proc/self/fd/0"),
-    ("stdout", "/proc/self/fd/1"),
-    ("stderr", "/proc/self/fd/2"),
-    ("ptmx", "pts/ptmx"),
-)
+from _launcher_watch import end_the_run
 
 
 def _takes_user_xattrs(path: str) -> bool:
@@ -104,12 +89,8 @@ class World:
         #: being made or run now (``root`` or the kept one's).
         self.kept: KeptRoot | None = None
         self.current = self.root
-        #: SIGCHLD is ignored (see reap): the kernel reaps the run's orphans; not while a run is
-        #: on (the relay is made with it at its default, and must wait for its program).
-        self.kernel_reaps = False
-        #: Whether the relay's IPC namespace holds what a run left, which the next run must not
-        #: find (see renew_ipc).
-        self.ipc_dirty = False
+        #: The relay as PID 1 of each run's PID namespace: its program waited for, orphans reaped.
+        self.reaper = RunReaper()
         #: The runs' user namespace (``RunUsers``) that each program joins as it starts, where the
         #: relay stays the host's root (``programs_join``: a root server without idmapped mounts),
         #: else ``None``.
@@ -177,10 +158,8 @@ class World:
                 self._mask_beside(below)
             else:
                 os.close(below)
-        #: The POSIX message queues of the relay's IPC namespace, where they can be seen (else
-        #: every run's namespace is a new one: see ipc_left).
-        self.mqueue: str | None = self.scratch + "/mqueue"
-        self._mount_mqueue()
+        #: What runs leave in the relay's IPC namespace, counted and cleared after each run.
+        self.ipc = RunIpc(calls, self.scratch + "/mqueue")
         if self.host:
             os.mkdir(self.host, 0o755)
             calls.mount("lower", self.host, None, MS_BIND)
@@ -195,7 +174,7 @@ class World:
             # with run_network: host): the host's, read-only.
             calls.mount("/sys", self.scratch + "/sys", None, MS_BIND | MS_REC)
             calls.mount(None, self.scratch + "/sys", None, MS_BIND | MS_REMOUNT | read_only_sys)
-        self._build_dev(calls)
+        build_dev(calls, self.scratch + "/dev", self.users)
         #: Host dirs a run must see where /tmp and /run start empty (the user's Python and
         #: runtime, kept under /tmp by a CI job or a checkout there): bound read-only for each run.
         fresh = tuple(config["fresh"])
@@ -226,33 +205,6 @@ class World:
             if self.joins is None:
                 calls.install_filter()
 
-    def _build_dev(self, calls: Syscalls) -> None:
-        """The runs' /dev, made once: a small tmpfs of the harmless devices, their usual links and a
-        /dev/pts of this relay's own, read-only (each run mounts a fresh /dev/shm on it). A run
-        binds it whole, with one call (a bind per device cost each run a lookup in its new overlay
-        and a mount of its own)."""
-        dev = self.scratch + "/dev"
-        calls.mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k")
-        for name, major, minor in _DEVICES:
-            if self.users:
-                # No device nodes in a user namespace (nor could a run open them on a file system
-                # mounted there): the host's own, bound on these.
-                os.close(os.open(dev + "/" + name, os.O_WRONLY | os.O_CREAT, 0o666))
-                calls.mount("/dev/" + name, dev + "/" + name, None, MS_BIND)
-            else:
-                os.mknod(dev + "/" + name, 0o666 | 0o020000, os.makedev(major, minor))
-                os.chmod(dev + "/" + name, 0o666)
-        for name, target in _DEV_LINKS:
-            os.symlink(target, dev + "/" + name)
-        for name in ("shm", "pts", "mqueue"):
-            os.mkdir(dev + "/" + name, 0o755)
-        try:
-            pts_options = "newinstance,ptmxmode=0666,mode=0620"
-            calls.mount("devpts", dev + "/pts", "devpts", MS_NOSUID | MS_NOEXEC, pts_options)
-        except OSError:
-            pass  # no pseudo-terminals then (a kernel without devpts, or one that refuses it here)
-        calls.mount(None, dev, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
-
     def mount_run(self, world: dict, cwd: "str | None" = None) -> None:
         """The run's root: its layers over the mask over the host, with /proc, /sys and /dev,
         and the host dirs ``world["binds"]`` names (``[host dir, where the run sees it]``). A run
@@ -260,8 +212,8 @@ class World:
         earlier run kept (:class:`KeptRoot`)."""
         if self.mounted or (self.kept is not None and self.kept.cwd is not None):
             self.unmount_run()  # the last run's, if its unmount failed
-        if self.ipc_dirty:
-            self.renew_ipc()  # (the last run's renewal failed: this run fails if this one does)
+        if self.ipc.dirty:
+            self.ipc.renew()  # (the last run's renewal failed: this run fails if this one does)
         self.mask_layer.refresh(self.drop_kept)
         self.current = self.root
         keep = world.get("keep")
@@ -371,43 +323,6 @@ class World:
                 pass
             self.mounted = False
 
-    def ipc_left(self) -> bool:
-        """Once a run's processes are gone: whether it left anything in the relay's IPC namespace.
-        SysV shared memory, semaphores and message queues and POSIX message queues outlive the
-        processes that made them, and the next run must find none of a run's (nor may runs pile
-        them up, each holding memory). Counted in four calls; where the queues cannot be seen,
-        always."""
-        try:
-            if self.mqueue is None or os.stat(self.mqueue).st_size != self.mqueue_empty:
-                return True  # (its root's size is 20 bytes a queue over its empty size)
-            return self.calls.sysv_ipc_objects() != 0
-        except OSError:
-            return True
-
-    def renew_ipc(self) -> None:
-        """A new IPC namespace for the relay, which its next run inherits; what the last run left
-        goes with the old one, which its last process has left. The seccomp filter lets this one
-        ``unshare`` through; a program, without ``CAP_SYS_ADMIN``, is refused it by the kernel."""
-        self.ipc_dirty = True
-        self.calls.unshare(CLONE_NEWIPC)
-        self.ipc_dirty = False
-        if self.mqueue is not None:
-            try:
-                self.calls.umount(self.mqueue)
-            except OSError:
-                pass
-            self._mount_mqueue()
-
-    def _mount_mqueue(self) -> None:
-        """The POSIX message queues of the relay's IPC namespace (a mount sees the namespace it
-        was made in) at :attr:`mqueue`, or ``None`` there where they cannot be seen."""
-        try:
-            self.calls.mount("mqueue", self.mqueue, "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-            #: The size of its root in a new namespace, which holds no queue.
-            self.mqueue_empty = os.stat(self.mqueue).st_size
-        except OSError:
-            self.mqueue = None
-
     def drop_kept(self) -> None:
         """Unmount the kept root, if any, and remove its upper layer."""
         kept, self.kept = self.kept, None
@@ -469,64 +384,3 @@ class World:
         os.chdir(cwd)
         self.calls.set_command_line()
         self.calls.reduce_capabilities()  # (the seccomp filter is the world's: see __init__)
-
-    # The relay is PID 1 of the run's namespace: the run's orphans come to it, and each one that
-    # dies must be reaped at once (a zombie still counts against pids.max, and the server answers
-    # only once the run's cgroup is empty). While a program runs, the relay reaps in its blocking
-    # wait; once it has exited, what it left is killed and reaped before the answer
-    # (_launcher_relay.end_what_the_program_left), so that no process of the run is left between
-    # runs. Where that could not be done (the server gave the run up first), SIGCHLD is ignored
-    # until the next run, so that the kernel reaps what is left as it dies (reap). And while a
-    # program runs, the relay's socket is in async mode: if the server dies (its end closes),
-    # SIGIO ends the run and the relay (see _launcher_watch.end_the_run).
-    # Little Python runs in the relay while a program lives: every page it writes then is copied.
-
-    def wait_for_program(self, pid: int, sock: _socket.socket, server_gone: bool) -> int:
-        """The wait status of the program ``pid``, reaping the run's orphans meanwhile; the watch
-        on the server (``sock``), armed before the fork, is put down once it has exited.
-        ``server_gone``: the server had left before the watch was armed (no SIGIO comes)."""
-        try:
-            if server_gone:
-                say_ended_by_relay(0)
-                try:
-                    os.kill(-1, _signal.SIGKILL)  # the server left before we watched: end the run
-                except OSError:
-                    pass  # (nothing of the run left to signal)
-            while True:
-                try:
-                    done, status = os.waitpid(-1, 0)
-                except InterruptedError:
-                    continue
-                except ChildProcessError:
-                    return 255 << 8
-                if done == pid:
-                    return status
-        finally:
-            unwatch_server(sock)
-
-    @staticmethod
-    def anything_left() -> bool:
-        """Whether any process of the run's namespace is left (reaping one that died): every
-        process of a PID namespace descends from its PID 1, this relay, and an orphan comes to it,
-        so none is left once the relay has no child. (Cheaper than ``kill(-1)``, which looks at
-        every process of the host.)"""
-        try:
-            os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return False
-        return True
-
-    def reap(self, until_gone: bool = False) -> None:
-        """Reap what died of the run, and let the kernel reap the rest until the next run; with
-        ``until_gone``, wait until every process of the namespace (killed) has died first."""
-        if not until_gone:
-            _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)
-            self.kernel_reaps = True
-        while True:
-            try:
-                if os.waitpid(-1, 0 if until_gone else os.WNOHANG)[0] == 0:
-                    return
-            except ChildProcessError:
-                return
-            except InterruptedError:
-                continue
