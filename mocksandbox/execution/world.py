@@ -395,10 +395,11 @@ _SCRATCH_DIR = ".world"
 #: In the runs' tmpfs: the dirs of runs that relays run in their kept roots (``KeptRootWorkspace``).
 RUN_DIRS = "dirs"
 #: The roots relays keep from run to run: ``kept-<random>/u`` (an upper layer), ``/w`` (its work
-#: dir) and ``/lock`` (held by the relay while it lives). The launcher (``launcher/_launcher_kept.py``,
+#: dir), ``/r`` (the runs' parent dir in it, which each run's dir is moved into) and ``/lock``
+#: (held by the relay while it lives). The launcher (``launcher/_launcher_kept.py``,
 #: which imports nothing of the package) makes them.
 _KEPT_ROOT_PREFIX = "kept-"
-_KEPT_ROOT_PARTS = frozenset({"u", "w", "lock"})
+_KEPT_ROOT_PARTS = frozenset({"u", "w", "r", "lock"})
 #: Beside a runs' dir: locked while its server lives (``RunsRoot``).
 _ALIVE_SUFFIX = ".lock"
 _UMOUNT_DETACH = 2
@@ -620,11 +621,11 @@ def holds_no_layers(path: str | os.PathLike[str]) -> bool:
     """Whether the runs' tmpfs (or dir) at ``path`` holds no request's layers and nothing a run
     left: only its ``.owner`` lock file, the relays' scratch mount point, empty run dirs
     (``dirs/*``) and the roots relays keep from run to run (``kept-*``: each holds no more than
-    its upper layer, work dir and lock, as a relay may be making or dropping one as this looks,
-    and the upper layer only the dirs on the way to the runs' dirs, one below the other, and in
-    the last the empty mount points of its runs' dirs: what every run of such a root must
-    leave). ``False`` too where something went as this looked (a relay dropping its kept root):
-    ask again."""
+    its upper layer, work dir, runs' parent dir and lock, as a relay may be making or dropping one
+    as this looks; the upper layer only the dirs on the way to the runs' parent dir, one below
+    the other, and that parent dir only dirs: what every run of such a root must leave).
+    ``False`` too where something went as this looked (a relay dropping its kept root): ask
+    again."""
     try:
         return _holds_no_layers(path)
     except FileNotFoundError:
@@ -645,12 +646,21 @@ def _holds_no_layers(path: str | os.PathLike[str]) -> bool:
         upper = os.path.join(kept.path, "u")
         if os.path.isdir(upper) and not _only_the_way_down(upper):
             return False
+        runs_here = os.path.join(kept.path, "r")
+        if os.path.isdir(runs_here) and not _only_dirs(runs_here):
+            return False
     return True
+
+
+def _only_dirs(path: str) -> bool:
+    """Whether ``path`` holds dirs only, and they the same, all the way down (a kept root's runs'
+    parent dir between runs: nothing, or the ways to the host dirs shown in it)."""
+    return all(e.is_dir(follow_symlinks=False) and _only_dirs(e.path) for e in os.scandir(path))
 
 
 def _only_the_way_down(path: str) -> bool:
     """Whether ``path`` holds one dir holding the same, and so on down to a dir holding nothing
-    but empty dirs (the mount points of a kept root's runs' dirs), or nothing."""
+    but empty dirs, or nothing."""
     entries = list(os.scandir(path))
     if not all(e.is_dir(follow_symlinks=False) for e in entries):
         return False
@@ -763,12 +773,12 @@ class KeptRootWorkspace:
     """Isolation ``lite``, for a request that its relay runs in a root it keeps
     (``_launcher_kept.KeptRoot``): one command, every file in the run's dir, no ``fetch_files``, on a
     host where relays keep roots. Such a run sees nothing of the request but its dir, which the
-    relay binds at ``cwd``: no layers are made for it. The dir comes from ``pool``, a
-    ``WorkdirPool`` of dirs on the runs' tmpfs (``<runs root>/dirs``) made fresh for each run (no
-    reuse: the relay keeps the bind of a run's dir in its root until it drops the root), under a
-    ``tmpXXXXXXXX`` name, which is also the run's ``cwd`` under the temp root it sees. The relay
-    removes it once the run's processes are gone, before it answers; the server removes it where
-    the run never got that far."""
+    relay moves into its root, at ``cwd``: no layers are made for it. The dir comes from ``pool``,
+    a ``WorkdirPool`` of dirs on the runs' tmpfs (``<runs root>/dirs``) made fresh for each run (no
+    reuse: the relay takes the dir away), under a ``tmpXXXXXXXX`` name, which is also the run's
+    ``cwd`` under the temp root it sees. The relay removes it once the run's processes are gone,
+    before it answers; the server removes it where the run never got that far (its relay never
+    took it), and the relay's root goes with what it holds where its relay is gone."""
 
     def __init__(
         self, pool: Any, runs_root: RunsRoot, view_tmp_root: str, owner: RunOwner | None = None
@@ -815,7 +825,7 @@ class KeptRootWorkspace:
             return handle.read()
 
     def next_command(self, last: bool = False, keep: bool = False) -> dict[str, Any]:
-        """The run's world (sent to the relay): its dir, bound into the relay's kept root."""
+        """The run's world (sent to the relay): its dir, to be moved into the relay's kept root."""
         relay = self._runs_root.relay_path
         cwd_host = relay(self.host_cwd)
         return {

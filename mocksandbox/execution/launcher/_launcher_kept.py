@@ -9,7 +9,7 @@ import fcntl as _fcntl
 import os
 import time
 
-from _launcher_syscalls import MS_BIND
+from _launcher_syscalls import IN_ATTRIB, IN_ISDIR, MS_BIND
 
 
 class KeptRoot:
@@ -19,24 +19,30 @@ class KeptRoot:
     relay. A run that only reads the image and writes in its own dir (most of a reward pipeline's:
     a program and its tests, no ``fetch_files``, no files put outside its dir; the server says
     which in ``world["keep"]``) leaves its root as it found it. So the relay keeps such a root: an
-    overlay with an upper layer of its own (``<runs root>/kept-*``) over the mask and the host, and
-    each run's dir, which the server made on the runs' tmpfs, bound into it at the run's path.
-    Once the run's processes are gone and its exit is said, before the status pipe closes (which
-    the server waits for), the relay removes the run's dir from the tmpfs (the server never hands
-    the dir's name or inode to another run); once the answer is on its way, it unmounts the dir
-    and removes its mount point (:meth:`give_back`): a later run finds nothing of an earlier one.
-    After the answer, the root is kept only if nothing changed while the run ran in its upper
-    layer's dirs on the way to the runs' dirs (the root of the layer, ``/tmp`` in it) or in its
-    /dev/shm: their entries, or their own mode, owner or extended attributes.
-    Anything a run writes, deletes or changes outside its dir shows there first (what it changes
-    anywhere in the image is copied up, under a new entry of the layer's root or of a dir on the
-    way; the mount point below is covered by the run's dir), and the root then goes, as a run's
-    root always went before. inotify watches on those dirs, made at the root's first run, say so:
-    one read after each run, where looking at each dir cost a relay's every run a tenth of a
-    millisecond. A kept root serves for at most ``max_age_s`` seconds (the setting
+    overlay with an upper layer of its own (``<runs root>/kept-*/u``) over the mask and the host.
+
+    The runs' parent dir in it (the server's temp dir as runs see it, ``/tmp``) is a dir of the
+    root's own on the runs' tmpfs (``kept-*/r``), bound there once, at the first run, with the
+    mode and owner of the dir it covers (and the host dirs shown under it bound again inside).
+    Each run's dir, which the server made on the runs' tmpfs, is moved into it (one ``rename``:
+    a bind and an unmount per run cost a relay about a tenth of a millisecond of CPU, the unmount
+    an RCU grace period more). Once the run's processes are gone and its exit is said, before the
+    status pipe closes (which the server waits for), the relay removes the run's dir (the server
+    never hands the dir's name or inode to another run): a later run finds nothing of an earlier
+    one, not its name in ``/tmp`` nor the mode, owner or extended attributes it gave its dir.
+
+    The root is kept only if nothing changed while the run ran in its upper layer's dirs on the
+    way to the runs' parent dir (the root of the layer, ``/tmp`` in it), in that parent dir itself
+    (but for the attributes of the run's own dir, which goes) or in its /dev/shm: their entries,
+    or their own mode, owner, times or extended attributes. Anything a run writes, deletes or
+    changes outside its dir shows there first (what it changes anywhere in the image is copied up,
+    under a new entry of the layer's root or of a dir on the way), and the root then goes, as a
+    run's root always went before. inotify watches on those dirs, made at the root's first run,
+    say so: one read after each run, where looking at each dir cost a relay's every run a tenth of
+    a millisecond. A kept root serves for at most ``max_age_s`` seconds (the setting
     ``kept_root_max_age_s``: a lower layer, the host, may change under it, and its new files are
-    then seen within that time) and :data:`MAX_RUNS` runs (a mount each); where no watch can be had
-    (inotify's limits), one run.
+    then seen within that time) and :data:`MAX_RUNS` runs; where no watch can be had (inotify's
+    limits), one run.
     """
 
     MAX_RUNS = 1000
@@ -47,6 +53,8 @@ class KeptRoot:
         #: The inotify descriptor watching what runs must leave as they found it (see
         #: :meth:`take`), from the first run on; ``None`` before, or where none could be had.
         self.changes: int | None = None
+        #: The watch (of :attr:`changes`) on the runs' parent dir (:attr:`runs_here`).
+        self.parent_watch = -1
         name = os.urandom(6).hex()
         # Made under another name, locked, then named kept-*: the server removes a kept-* whose
         # lock nobody holds (its relay was killed from outside and could not drop it), and must
@@ -65,6 +73,10 @@ class KeptRoot:
         try:
             os.mkdir(self.base + "/u", 0o755)
             os.mkdir(self.base + "/w", 0o700)
+            #: The runs' parent dir, on the runs' tmpfs (beside the server's dirs of runs, so that
+            #: a run's dir moves in and out of it by a rename).
+            self.runs_here = self.base + "/r"
+            os.mkdir(self.runs_here, 0o700)
             self.upper = self.base + "/u"
             self.root = world.scratch + "/kept"
             world.mount_overlay(self.root, [], self.upper, self.base + "/w", {})
@@ -76,57 +88,88 @@ class KeptRoot:
         self.runs = 0
         #: Whether it may serve a run after this one (not where it has no watch).
         self.lasts = True
-        #: The current run's dir (its path in the run's view), while it is bound here.
+        #: The current run's dir (its path in the run's view), while it is in this root.
         self.cwd: str | None = None
-        #: The current run's dir on the runs' tmpfs, and whether it was removed after the run.
-        self.cwd_host = ""
+        #: Whether the current run's dir was removed after the run, and whether the run left
+        #: the root as it found it (:meth:`remove_run_dir`).
         self.run_dir_gone = False
+        self.untouched = False
 
     def serves(self) -> bool:
         """Whether it may serve another run (young enough, not too many runs yet)."""
         return self.lasts and self.runs < self.MAX_RUNS and time.monotonic() - self.born < self.max_age_s
 
     def take(self, cwd: str, cwd_host: str) -> None:
-        """Bind the run's dir ``cwd_host`` (on the runs' tmpfs) at ``cwd`` in this root; a
-        ``FileExistsError`` if an earlier run's mount point has that name."""
-        target = self.root + cwd
-        first = self.runs == 0
-        if first:
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            self.world.give_way(self.root, cwd)  # (where programs join the runs' user namespace)
-        os.mkdir(target, 0o700)  # (the first run's copies up the dirs on the way)
-        if first:
-            # What the upper layer holds now is what every later run must leave, but for one
-            # more mount point in the runs' parent dir for each run (this relay's own change,
-            # dropped from the watch's queue below). The runs of a root share that parent dir (the
-            # server's temp dir, as runs see it); a run's dir elsewhere would copy its own
-            # parents up, which the watch sees.
-            path, watched = self.upper, []
-            for part in os.path.dirname(cwd).split("/"):
-                if part:
-                    watched.append(path)
-                    path += "/" + part
-            try:
-                self.changes = self.world.calls.watch_changes([*watched, path, self.shm])
-            except OSError:
-                self.lasts = False  # (it cannot tell whether a run left it as it was)
-        elif self.changes is not None:
-            # What the queue holds now is the mkdir's: the last run left nothing (give_back), and
-            # since then only this relay has been at work.
-            self.changed()
+        """Move the run's dir ``cwd_host`` (on the runs' tmpfs) to ``cwd`` in this root; a
+        ``FileExistsError`` if something there has that name."""
+        parent, name = os.path.split(cwd)
+        if self.runs == 0:
+            self.lasts = False  # (until it holds them: a root that failed to serves no other run)
+            self._hold_runs_at(parent)
+        try:
+            os.rename(cwd_host, self.runs_here + "/" + name)
+        except OSError as exc:
+            if exc.errno in (17, 39, 16, 20, 21):  # EEXIST ENOTEMPTY EBUSY ENOTDIR EISDIR
+                raise FileExistsError(exc.errno, f"a kept root holds {name}") from exc
+            raise
+        if self.changes is not None:
+            # What the queue holds now is this relay's own (the rename, the last run's dir's
+            # removal): the last run left nothing (remove_run_dir), and since then only this
+            # relay has been at work.
+            self.changed(None)
         self.cwd = cwd
-        self.cwd_host = cwd_host
-        self.run_dir_gone = False
+        self.run_dir_gone = self.untouched = False
         self.runs += 1
-        self.world.calls.mount(cwd_host, target, None, MS_BIND)
+
+    def _hold_runs_at(self, parent: str) -> None:
+        """At the first run: :attr:`runs_here` bound at the runs' ``parent`` dir in this root,
+        with the host dirs shown under it bound again in it, and the watches made."""
+        target = self.root + parent
+        os.makedirs(target, exist_ok=True)
+        self.world.give_way(self.root, parent + "/-")  # (where programs join the runs' user namespace)
+        # As the dir it covers: /tmp's mode 1777 and owner, as the run's world has it.
+        covered = os.lstat(target)
+        os.chmod(self.runs_here, covered.st_mode & 0o7777)
+        os.chown(self.runs_here, covered.st_uid, covered.st_gid)
+        ways = []  # (the dirs made in it on the way to a shown dir: a run could write there)
+        for path in self.world.shown:
+            if path.startswith(parent + "/"):
+                way = self.runs_here
+                for part in path[len(parent) + 1 :].split("/"):
+                    if way != self.runs_here and way not in ways:
+                        ways.append(way)
+                    way += "/" + part
+                    if not os.path.isdir(way):
+                        os.mkdir(way, 0o755)
+        self.world.calls.mount(self.runs_here, target, None, MS_BIND)
+        for path in self.world.shown:
+            if path.startswith(parent + "/"):
+                self.world.show(self.root, path)
+        # What the upper layer holds now is what every later run must leave; so is the runs'
+        # parent dir, but for each run's own dir, which comes and goes.
+        path, watched = self.upper, []
+        for part in parent.split("/"):
+            if part:
+                watched.append(path)
+                path += "/" + part
+        try:
+            self.changes, watches = self.world.calls.watch_changes(
+                [*watched, self.runs_here, *ways, self.shm]
+            )
+            self.parent_watch = watches[len(watched)]
+            self.lasts = True
+        except OSError:
+            pass  # (it cannot tell whether a run left it as it was: it serves this run only)
 
     def remove_run_dir(self, code_file: "str | None") -> bool:
-        """Once the run's processes are gone, before its relay closes the status pipe: its dir
-        removed from the runs' tmpfs (where the server made it, and where the server, once the
-        pipe closes, expects it gone). ``code_file``: the program's file (its path in the run's
-        view). Whether the dir is gone. Its mount goes after the answer (:meth:`give_back`)."""
-        path = self.cwd_host
-        if code_file is not None and self.cwd is not None and code_file.startswith(self.cwd + "/"):
+        """Once the run's processes are gone, before its relay closes the status pipe: whether the
+        run left the root as it found it (:attr:`untouched`), and its dir removed (whether it is
+        gone). ``code_file``: the program's file (its path in the run's view)."""
+        assert self.cwd is not None
+        name = os.path.basename(self.cwd)
+        self.untouched = self.changes is not None and not self.changed(name)
+        path = self.runs_here + "/" + name
+        if code_file is not None and code_file.startswith(self.cwd + "/"):
             try:
                 os.unlink(path + code_file[len(self.cwd) :])
             except OSError:
@@ -145,39 +188,44 @@ class KeptRoot:
         return not os.path.lexists(path)
 
     def give_back(self) -> bool:
-        """Once the run's answer is on its way: whether the root is as the run found it, and,
-        if so, the run's dir taken out of it (its mount, then its mount point), so that no later
-        run finds anything of it: not its name in ``/tmp`` or in the mount table, nor the mode,
-        owner or extended attributes the run gave its dir (a dead dir left bound showed them).
-        The unmount waits for an RCU grace period (tens of microseconds here), which the server
-        spends sending the answer; the mount point's removal is this relay's own change, whose
-        event the next :meth:`take` drains with its ``mkdir``'s."""
+        """Once the run's answer is on its way: whether the root may serve the next run (its run's
+        dir is gone, and the run left the rest as it found it)."""
         assert self.cwd is not None
-        cwd, self.cwd = self.cwd, None
-        if not (self.run_dir_gone and self.changes is not None and not self.changed()):
-            return False
-        target = self.root + cwd
-        try:
-            self.world.calls.umount(target)
-            os.rmdir(target)
-        except OSError:
-            return False  # (the root goes, and the run's mount with it)
-        return True
+        self.cwd = None
+        return self.run_dir_gone and self.untouched
 
-    def changed(self) -> bool:
+    def changed(self, run_dir: "str | None") -> bool:
         """Whether the watched dirs changed since the last call (their events are read and
-        dropped): any event at all says so (a lost one too: the queue overflowed)."""
+        dropped): any event at all says so (a lost one too: the queue overflowed), but for a
+        change of the attributes of ``run_dir`` (the run's own dir: its mode, times, link count),
+        which goes with it."""
         assert self.changes is not None
+        wanted = None if run_dir is None else run_dir.encode()
         seen = False
         while True:
             try:
-                if not os.read(self.changes, 4096):  # (a run's events: a few, if any)
-                    return True
+                events = os.read(self.changes, 4096)  # (a run's events: a few, if any)
             except BlockingIOError:
                 return seen
             except OSError:
                 return True
-            seen = True
+            if not events:
+                return True
+            if wanted is None:
+                seen = True
+                continue
+            at = 0
+            while at < len(events):
+                # struct inotify_event: int wd, uint32 mask, cookie, len; then the name (len
+                # bytes, NUL-padded).
+                size = int.from_bytes(events[at + 12 : at + 16], "little")
+                if (
+                    int.from_bytes(events[at : at + 4], "little", signed=True) != self.parent_watch
+                    or int.from_bytes(events[at + 4 : at + 8], "little") & ~IN_ISDIR != IN_ATTRIB
+                    or events[at + 16 : at + 16 + size].rstrip(b"\0") != wanted
+                ):
+                    seen = True
+                at += 16 + size
 
     def drop(self) -> None:
         """Unmount it (its run's dir too, if bound) and remove its upper layer."""

@@ -37,13 +37,18 @@ MS_SLAVE = 1 << 19
 PR_SET_DUMPABLE = 4
 _MNT_DETACH = 2
 _PR_SET_CHILD_SUBREAPER = 36
-# What is left in an IPC namespace (see World.ipc_left): the INFO commands of shmctl, semctl, msgctl.
+# What is left in an IPC namespace (see _launcher_ipc.RunIpc.left): the INFO commands of shmctl,
+# semctl, msgctl.
 _SHM_INFO = 14
 _SEM_INFO = 19
 _MSG_INFO = 12
 # inotify: a kept root's changes (see KeptRoot). Every change of a dir's entries or of an inode's
 # attributes (mode, owner, times set, extended attributes) or contents; not reads, opens or closes.
 _IN_CHANGES = 0x2 | 0x4 | 0x40 | 0x80 | 0x100 | 0x200 | 0x400 | 0x800
+#: An attribute of a watched dir, or of an entry of it, changed (mode, owner, times, xattrs, links).
+IN_ATTRIB = 0x4
+#: Set in an event's mask where the inode it is about is a dir.
+IN_ISDIR = 0x40000000
 _IN_ONLYDIR = 0x01000000
 _IN_DONT_FOLLOW = 0x02000000
 # The new mount API (the same numbers on every architecture): idmapped mounts.
@@ -182,21 +187,24 @@ class Syscalls:
             self._check(-1, "msgctl MSG_INFO")
         return count + info[0]
 
-    def watch_changes(self, dirs: list) -> int:
+    def watch_changes(self, dirs: list) -> tuple:
         """An inotify descriptor (non-blocking) that has an event once anything in ``dirs``, or
-        any of them, changes (:data:`_IN_CHANGES`)."""
+        any of them, changes (:data:`_IN_CHANGES`), and the watch descriptor of each dir."""
         fd = self.libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)  # (IN_NONBLOCK, IN_CLOEXEC)
         if fd < 0:
             self._check(-1, "inotify_init1")
+        watches = []
         try:
             for path in dirs:
                 mask = _IN_CHANGES | _IN_ONLYDIR | _IN_DONT_FOLLOW
-                if self.libc.inotify_add_watch(fd, path.encode(), mask) < 0:
+                watch = self.libc.inotify_add_watch(fd, path.encode(), mask)
+                if watch < 0:
                     self._check(-1, f"inotify_add_watch {path}")
+                watches.append(watch)
         except OSError:
             os.close(fd)
             raise
-        return fd
+        return fd, watches
 
     def idmapped_clone(self, source: str, target: str, userns_fd: int, read_only: bool) -> None:
         """Mount a copy of the mount at ``source`` (not its submounts) on ``target``, its owners

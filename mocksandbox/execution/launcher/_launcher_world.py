@@ -264,13 +264,7 @@ class World:
         for name, how in tops:
             self._mount_top(root, name, how, world)
         for path in self.shown:
-            self.calls.mount(path, root + path, None, MS_BIND | MS_REC)
-            # Read-only, keeping the flags it came with: in the runs' user namespace, a dir of an
-            # idmapped copy (/tmp, where the runs' layers are) is nosuid and nodev, locked so.
-            # (statvfs's ST_NOSUID, ST_NODEV and ST_NOEXEC are these MS_ values.)
-            kept = os.statvfs(root + path).f_flag & (MS_NOSUID | MS_NODEV | MS_NOEXEC)
-            self.calls.mount(None, root + path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | kept)
-            self._cover_hidden(root, path)
+            self.show(root, path)
         self.calls.mount("/proc", root + "/proc", None, MS_BIND | MS_REC)
         self.calls.mount(self.scratch + "/sys", root + "/sys", None, MS_BIND | MS_REC)
         self.calls.mount(self.scratch + "/dev", root + "/dev", None, MS_BIND | MS_REC)
@@ -280,6 +274,16 @@ class World:
         if self.joins is not None:
             shm += f",uid={self.joins.uid},gid={self.joins.gid}"
         self.calls.mount("tmpfs", root + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, shm)
+
+    def show(self, root: str, path: str) -> None:
+        """The host dir ``path`` (one of :attr:`shown`) bound read-only at its path in ``root``."""
+        self.calls.mount(path, root + path, None, MS_BIND | MS_REC)
+        # Read-only, keeping the flags it came with: in the runs' user namespace, a dir of an
+        # idmapped copy (/tmp, where the runs' layers are) is nosuid and nodev, locked so.
+        # (statvfs's ST_NOSUID, ST_NODEV and ST_NOEXEC are these MS_ values.)
+        kept = os.statvfs(root + path).f_flag & (MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        self.calls.mount(None, root + path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | kept)
+        self._cover_hidden(root, path)
 
     def _mount_top(self, root: str, name: str, how: str, world: dict) -> None:
         """The host's top dir ``name`` in the run's root: its own overlay (its upper and lowers the
