@@ -20,6 +20,7 @@ sandbox), but each refused host is reported once on stderr.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 import sys
@@ -49,8 +50,10 @@ def split_host(host_header: str) -> str:
     return value.rstrip(".")
 
 
+@functools.lru_cache(maxsize=256)
 def is_loopback_host(host: str) -> bool:
-    """Whether ``host`` (a name or an address) can only mean this machine."""
+    """Whether ``host`` (a name or an address) can only mean this machine. (Cached: every request
+    asks, and ``ipaddress`` parsing was a few percent of a short request's CPU.)"""
     if host in _LOOPBACK_NAMES or host.endswith(".localhost"):
         return True
     try:
