@@ -13,6 +13,7 @@ import base64
 import os
 import shutil
 import socket
+import subprocess
 import tempfile
 import threading
 import time
@@ -114,6 +115,38 @@ def test_a_root_a_run_changed_goes_and_the_next_run_sees_nothing_of_it(
     run(sandbox, f"import os\n{change}\nprint('changed')")
     # The relay drops that root once it has answered, before it takes its next run: the next run
     # has a new one, and sees nothing of the change.
+    assert run(sandbox, look) == fresh
+    after = kept_roots(sandbox)
+    assert len(after) == 1 and after != before
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "open('../left', 'w').write('x')",
+        "os.mkdir('../left')",
+        "os.symlink('/etc', '../left')",
+        "os.chmod('..', 0o700)",
+        "os.setxattr('..', 'user.left', b'x')",
+        "os.utime('..', (0, 0))",
+        "here = os.getcwd()\nos.rename(here, os.path.join(os.path.dirname(here), 'left'))",
+    ],
+)
+def test_a_run_that_changed_the_dir_its_dir_is_in_leaves_nothing_of_it(
+    sandbox: MockSandbox, change: str
+) -> None:
+    """The runs' parent dir (the server's temp dir, as runs see it) is the kept root's own dir,
+    into which each run's dir is moved: a run that changes it (beside its own dir, or the dir
+    itself) has its root dropped, and the next run finds the dir as the first run found it."""
+    look = (
+        "import os\nhere = os.path.basename(os.getcwd())\n"
+        "print(sorted(n for n in os.listdir('..') if n != here), oct(os.stat('..').st_mode),\n"
+        "      os.listxattr('..'), os.stat('..').st_mtime > 1, os.stat('..').st_uid)\n"
+    )
+    fresh = run(sandbox, look)
+    before = kept_roots(sandbox)
+    assert len(before) == 1
+    run(sandbox, f"import os\n{change}\nprint('changed')")
     assert run(sandbox, look) == fresh
     after = kept_roots(sandbox)
     assert len(after) == 1 and after != before
@@ -446,3 +479,52 @@ def test_where_no_watch_can_be_had_each_root_serves_one_run(
         box.close()
     assert all(len(name) == 12 for name in roots), roots
     assert len(set(roots)) == len(roots), roots
+
+
+@pytest.mark.parametrize("idmapped_mounts", ["auto", "off"])
+def test_a_python_under_the_runs_temp_dir_is_seen_in_a_kept_root(
+    tmp_path: Path, idmapped_mounts: str
+) -> None:
+    """The runs' Python in a venv under their temp dir (a checkout's or a CI clone's under /tmp):
+    the kept root's own dir of runs shows it as the host has it (bound again inside), read-only,
+    root after root; a run that writes on the way to it has its root dropped, and the next run
+    finds nothing of what it wrote."""
+    if (reason := lite_unavailable_reason()) is not None:
+        pytest.skip(reason)
+    runs_dir = tmp_path / "tmp"
+    venv = runs_dir / "nest" / "venv"
+    subprocess.run(
+        [load_settings().python, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120
+    )
+    overrides = {
+        "tmp_root": str(runs_dir),
+        "isolation": "lite",
+        "python": str(venv / "bin" / "python"),
+        "idmapped_mounts": idmapped_mounts,
+        "kept_root_max_age_s": 3600,
+    }
+    box = MockSandbox.create(load_settings(overrides=overrides))
+    look = (
+        "import os, sys\nparent = os.path.dirname(os.getcwd())\nhere = os.path.basename(os.getcwd())\n"
+        "print(sys.prefix, sorted(n for n in os.listdir(parent) if n != here),"
+        " sorted(os.listdir(os.path.join(parent, 'nest'))))\n"
+        "try:\n    open(os.path.join(sys.prefix, 'left'), 'w')\nexcept OSError as exc:\n"
+        "    print(type(exc).__name__)\n"
+    )
+    try:
+        first = run(box, look)
+        assert first.split("\n")[0] == f"{venv} ['nest'] ['venv']", first
+        assert first.split("\n")[1] in ("PermissionError", "OSError"), first
+        root = kept_roots(box)
+        assert run(box, look) == first and kept_roots(box) == root
+        wrote = run(
+            box,
+            "import os\ntry:\n    open(os.path.join(os.path.dirname(os.getcwd()), 'nest', 'left'), 'w')\n"
+            "except PermissionError:\n    print('refused')\nelse:\n    print('wrote')",
+        )
+        # (Where the host root's files are nobody's to a run, the way to a shown dir is too.)
+        assert wrote == ("refused\n" if box.engine.isolation.without_idmapped_mounts else "wrote\n")
+        assert run(box, look) == first
+        assert len(kept_roots(box)) == 1 and (kept_roots(box) != root) == (wrote == "wrote\n")
+    finally:
+        box.close()

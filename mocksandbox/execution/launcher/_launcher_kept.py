@@ -102,10 +102,10 @@ class KeptRoot:
     def take(self, cwd: str, cwd_host: str) -> None:
         """Move the run's dir ``cwd_host`` (on the runs' tmpfs) to ``cwd`` in this root; a
         ``FileExistsError`` if something there has that name."""
-        parent, name = os.path.split(cwd)
+        name = os.path.basename(cwd)
         if self.runs == 0:
             self.lasts = False  # (until it holds them: a root that failed to serves no other run)
-            self._hold_runs_at(parent)
+            self._hold_runs_at(cwd)
         try:
             os.rename(cwd_host, self.runs_here + "/" + name)
         except OSError as exc:
@@ -121,12 +121,16 @@ class KeptRoot:
         self.run_dir_gone = self.untouched = False
         self.runs += 1
 
-    def _hold_runs_at(self, parent: str) -> None:
-        """At the first run: :attr:`runs_here` bound at the runs' ``parent`` dir in this root,
-        with the host dirs shown under it bound again in it, and the watches made."""
+    def _hold_runs_at(self, cwd: str) -> None:
+        """At the first run (whose dir is ``cwd``): :attr:`runs_here` bound at the runs' parent
+        dir in this root, with the host dirs shown under it bound again in it, and the watches
+        made."""
+        parent = os.path.dirname(cwd)
         target = self.root + parent
         os.makedirs(target, exist_ok=True)
-        self.world.give_way(self.root, parent + "/-")  # (where programs join the runs' user namespace)
+        # The dirs on the way to the run's dir, its parent too, made the run's where programs join
+        # the runs' user namespace (RunUsers.give_way).
+        self.world.give_way(self.root, cwd)
         # As the dir it covers: /tmp's mode 1777 and owner, as the run's world has it.
         covered = os.lstat(target)
         os.chmod(self.runs_here, covered.st_mode & 0o7777)
@@ -145,13 +149,16 @@ class KeptRoot:
         for path in self.world.shown:
             if path.startswith(parent + "/"):
                 self.world.show(self.root, path)
-        # What the upper layer holds now is what every later run must leave; so is the runs'
-        # parent dir, but for each run's own dir, which comes and goes.
-        path, watched = self.upper, []
-        for part in parent.split("/"):
-            if part:
-                watched.append(path)
-                path += "/" + part
+        # What the upper layer holds now is what every later run must leave (its dirs on the way
+        # to the runs' parent dir, where it holds them: a dir of the lower layers alone is copied
+        # up at a run's first change below it, which the watch on the dir above sees); so is the
+        # runs' parent dir, but for each run's own dir, which comes and goes.
+        path, watched = self.upper, [self.upper]
+        for part in [part for part in parent.split("/") if part][:-1]:
+            path += "/" + part
+            if not os.path.isdir(path):
+                break
+            watched.append(path)
         try:
             self.changes, watches = self.world.calls.watch_changes(
                 [*watched, self.runs_here, *ways, self.shm]
