@@ -2,8 +2,8 @@
 
 ``BaseHTTPRequestHandler.parse_request`` reads the header block and hands it to
 ``email.parser.Parser``, whose feed parser (line splitting, header regexes, a content-type look for
-multipart payloads, policies) was the largest part of the server's CPU for a short request: about
-a sixth of it for ``/run_code``. Nearly every request's headers are plain ``Name: value`` lines;
+multipart payloads, policies) took about a sixth of the server's Python time for a short
+``/run_code`` (yappi, under load). Nearly every request's headers are plain ``Name: value`` lines;
 for those, :func:`parse_header_lines` builds the same ``HTTPMessage`` directly (the same names,
 values and order as the email parser stores them). Any line it does not know for plain (folded,
 without a colon, a ``From `` line, a stray carriage return) sends the whole block to the email
