@@ -109,14 +109,20 @@ def test_a_root_a_run_changed_goes_and_the_next_run_sees_nothing_of_it(
         "      oct(os.stat('/dev/shm').st_mode), os.listxattr('/'), oct(os.stat('/').st_mode),\n"
         "      [os.stat(d).st_mtime > 1 for d in ('/tmp', '/dev/shm', '/')])\n"
     )
-    fresh = run(sandbox, look)
-    before = kept_roots(sandbox)
+    assert_the_change_drops_the_root(sandbox, change, look)
+
+
+def assert_the_change_drops_the_root(box: MockSandbox, change: str, look: str) -> None:
+    """A run that makes ``change`` has its root dropped: the run after it has a new one, in which
+    ``look`` prints what it printed before the change."""
+    fresh = run(box, look)
+    before = kept_roots(box)
     assert len(before) == 1
-    run(sandbox, f"import os\n{change}\nprint('changed')")
+    run(box, f"import os\n{change}\nprint('changed')")
     # The relay drops that root once it has answered, before it takes its next run: the next run
     # has a new one, and sees nothing of the change.
-    assert run(sandbox, look) == fresh
-    after = kept_roots(sandbox)
+    assert run(box, look) == fresh
+    after = kept_roots(box)
     assert len(after) == 1 and after != before
 
 
@@ -143,13 +149,7 @@ def test_a_run_that_changed_the_dir_its_dir_is_in_leaves_nothing_of_it(
         "print(sorted(n for n in os.listdir('..') if n != here), oct(os.stat('..').st_mode),\n"
         "      os.listxattr('..'), os.stat('..').st_mtime > 1, os.stat('..').st_uid)\n"
     )
-    fresh = run(sandbox, look)
-    before = kept_roots(sandbox)
-    assert len(before) == 1
-    run(sandbox, f"import os\n{change}\nprint('changed')")
-    assert run(sandbox, look) == fresh
-    after = kept_roots(sandbox)
-    assert len(after) == 1 and after != before
+    assert_the_change_drops_the_root(sandbox, change, look)
 
 
 def test_requests_with_files_outside_their_dir_or_fetch_files_have_roots_of_their_own(
