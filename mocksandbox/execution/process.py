@@ -542,8 +542,12 @@ class ProcessRunner:
         """Why the launcher could not start a run, as it wrote on the run's stderr (it writes
         that before it reports the failure and then closes the pipe, so it is there to read)."""
         deadline = time.monotonic() + _RELAY_DONE_GRACE_S
+        # Stderr alone is waited for: its end is blocking, and another pipe's being ready (the
+        # status pipe's, stdout's end) says nothing of it.
+        stderr_alone = _PipePoll()
+        stderr_alone.register(stderr_fd, select.POLLIN)
         while stderr_fd in selector and time.monotonic() < deadline:
-            if selector.ready(deadline - time.monotonic()):
+            if stderr_alone.ready(deadline - time.monotonic()):
                 self._read_into(selector, stderr_fd, streams)
         lines = [
             line
