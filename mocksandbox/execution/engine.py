@@ -727,7 +727,7 @@ def _start_lite(
         }
         filter_reason = ""
         try:
-            world["syscall_filter"] = base64.b64encode(compile_run_filter()).decode("ascii")
+            world["syscall_filter"] = compile_run_filter().hex()  # (bytes.fromhex: no binascii there)
         except FilterUnavailable as exc:
             filter_reason = str(exc)
         run_uid: int | None = None

@@ -95,6 +95,8 @@ def serve(sock: _socket.socket, baseline_modules: frozenset) -> None:
     # so that a forked program's first collection does not touch (and copy) every page it shares.
     gc.collect()
     gc.freeze()
+    if state.SYSCALLS is not None:
+        state.SYSCALLS.trim_heap()
     # Relays, and the orphans handed to the subreaper, are reaped by the kernel as they die.
     _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)
     become_subreaper()

@@ -19,7 +19,6 @@ A Jupyter kernel's world is made by the same class, in the kernels' fork server
 """
 
 import _signal
-import binascii
 import os
 
 from _launcher_devices import build_dev
@@ -201,7 +200,7 @@ class World:
         #: the filter refuses ``setns``.
         self.filtered = config.get("syscall_filter") is not None
         if self.filtered:
-            calls.prepare_filter(binascii.a2b_base64(config["syscall_filter"]))
+            calls.prepare_filter(bytes.fromhex(config["syscall_filter"]))
             if self.joins is None:
                 calls.install_filter()
 
