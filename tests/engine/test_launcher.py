@@ -169,3 +169,83 @@ def test_a_host_relay_the_server_lets_go_mid_run_kills_its_program(
     finally:
         for fd in (status_r, stdout_r, stderr_r):
             os.close(fd)
+
+
+@pytest.mark.parametrize("mode", ["exec", "python"])
+def test_the_linker_setting_is_the_launchers_alone(launcher: Launcher, tmp_path: Path, mode: str) -> None:
+    """The launcher binds its symbols at its start (``LD_BIND_NOW``: ``launcher_env``); a program's
+    environment is the server's, without it or its marker."""
+    script = tmp_path / "env.py"
+    script.write_text(
+        "import os\nprint([os.environ.get(n, 'unset') for n in ('LD_BIND_NOW', 'MOCKSANDBOX_LAUNCHER_BIND_NOW')])\n"
+    )
+    shown, status = _run(
+        launcher, _request(tmp_path, "", mode=mode, argv=[sys.executable, str(script)], file=str(script))
+    )
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert shown == b"['unset', 'unset']\n"
+    assert "LD_BIND_NOW" not in launcher.env
+
+
+def test_a_servers_own_linker_setting_reaches_its_programs(tmp_path: Path) -> None:
+    """Where the server itself runs with ``LD_BIND_NOW``, its programs see it, as before."""
+    started = Launcher(sys.executable, {**program_environment(os.environ), "LD_BIND_NOW": "yes"})
+    started.start()
+    try:
+        shown, _ = _run(started, _request(tmp_path, 'printf %s "${LD_BIND_NOW-unset}"'))
+    finally:
+        started.close()
+    assert shown == b"yes"
+
+
+@pytest.mark.parametrize("mode", ["exec", "python"])
+def test_a_program_joins_its_cgroups_by_files_its_relay_opened(
+    launcher: Launcher, tmp_path: Path, mode: str
+) -> None:
+    """The relay opens the run's ``cgroup.procs`` files before its fork; the program writes ``0``
+    (itself) to each, first thing (here plain files, where the writes can be seen)."""
+    procs = [tmp_path / "a.procs", tmp_path / "b.procs"]
+    for path in procs:
+        path.write_bytes(b"")
+    script = tmp_path / "program.py"
+    script.write_text("print('ran')\n")
+    shown, status = _run(
+        launcher,
+        _request(
+            tmp_path, "", mode=mode, argv=[sys.executable, str(script)], file=str(script),
+            cgroup_procs=[str(path) for path in procs],
+        ),
+    )  # fmt: skip
+    assert (shown, os.waitstatus_to_exitcode(status)) == (b"ran\n", 0)
+    assert [path.read_bytes() for path in procs] == [b"0", b"0"]
+
+
+@pytest.mark.parametrize("mode", ["exec", "python"])
+def test_a_cgroup_that_cannot_be_joined_is_a_launch_error_and_the_relay_serves_on(
+    launcher: Launcher, tmp_path: Path, mode: str
+) -> None:
+    """A ``cgroup.procs`` the relay cannot open: the run never starts; why is on its stderr, and
+    its status pipe says ``E`` with the errno (the server retries or reports it), never an exit.
+    The relay takes the next run."""
+    script = tmp_path / "program.py"
+    script.write_text("print('ran')\n")
+    request = _request(
+        tmp_path, "", mode=mode, argv=[sys.executable, str(script)], file=str(script),
+        cgroup_procs=[str(tmp_path / "gone" / "cgroup.procs")],
+    )  # fmt: skip
+    relay, stdout_r, stderr_r, status_r = _launch(launcher, request)
+    try:
+        status = b""
+        while chunk := os.read(status_r, 64):
+            status += chunk
+        stderr = os.read(stderr_r, 65536)
+        stdout = os.read(stdout_r, 65536)
+    finally:
+        for fd in (status_r, stdout_r, stderr_r):
+            os.close(fd)
+    launcher.release(relay, True)
+    assert status == b"E" + (2).to_bytes(8, "little", signed=True)  # ENOENT
+    assert stdout == b""
+    assert stderr.startswith(b"mocksandbox launcher: cannot start the run: [Errno 2]"), stderr
+    shown, exit_status = _run(launcher, {**request, "cgroup_procs": []})
+    assert (shown, os.waitstatus_to_exitcode(exit_status)) == (b"ran\n", 0)

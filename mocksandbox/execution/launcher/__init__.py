@@ -43,6 +43,23 @@ class LauncherError(RuntimeError):
     """The launcher could not be (re)started or reached."""
 
 
+#: Set, with ``LD_BIND_NOW``, in the environment of a launcher whose server had no ``LD_BIND_NOW``
+#: of its own: the launcher takes both out of its environment before anything else (``__main__``).
+BIND_NOW_MARKER = "MOCKSANDBOX_LAUNCHER_BIND_NOW"
+
+
+def launcher_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The launcher's environment: the runs' (``env``), and ``LD_BIND_NOW`` for the dynamic
+    linker, which then binds every symbol of the interpreter and its libraries at the launcher's
+    start. Bound lazily, each libc function a program calls first (``setsid``, ``chroot``...)
+    would be looked up again in every forked program (the launcher never calls it): its lookup
+    reads pages of every library and writes a page of the interpreter's table, a copy, about 11
+    page faults a run."""
+    if "LD_BIND_NOW" in env:
+        return dict(env)
+    return {**env, "LD_BIND_NOW": "1", BIND_NOW_MARKER: "1"}
+
+
 class Launcher:
     """One launcher process, restarted when it dies. Thread-safe."""
 
@@ -94,7 +111,7 @@ class Launcher:
                 pass_fds=pass_fds,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
-                env=self.env,
+                env=launcher_env(self.env),
                 cwd="/",
                 start_new_session=True,
             )

@@ -53,6 +53,11 @@ _BASELINE_MODULES = frozenset(sys.modules)
 import _socket  # noqa: E402
 import os  # noqa: E402
 
+# The server's linker setting, for the launcher alone (see __init__.launcher_env): the dynamic
+# linker read it at the start; programs must not find it in their environment.
+if os.environ.pop("MOCKSANDBOX_LAUNCHER_BIND_NOW", None) is not None:
+    os.environ.pop("LD_BIND_NOW", None)
+
 # This dir is sys.path[0], but for an interpreter told not to put it there (3.11's -P or
 # PYTHONSAFEPATH, which the runs' environment may carry): there it is, while the launcher's
 # modules are imported, and only then (the programs' sys.path stays as it was).

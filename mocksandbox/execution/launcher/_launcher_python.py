@@ -80,17 +80,34 @@ def make_program_stdio() -> tuple:
 _LAUNCHER_STDIO = (sys.stdin, sys.stdout, sys.stderr)
 
 
-def become_python_program(request: dict) -> None:
-    """Turn this forked launcher into ``python <file>``; never returns."""
-    path = request["file"]
+def prepare_python_program(path: str) -> tuple:
+    """In the relay, before its fork: the ``sys.argv``, ``sys.path[0]`` and ``__main__`` module of
+    ``python <path>``, as CPython's start-up and ``pymain_run_file`` make them (made here, where
+    their pages cost no copy: see ``_launcher_program.prepare_program``)."""
+    import _frozen_importlib_external  # in every interpreter's module table already
+
+    main = type(sys)("__main__")
+    main.__file__ = path
+    main.__cached__ = None
+    main.__annotations__ = {}
+    main.__loader__ = _frozen_importlib_external.SourceFileLoader("__main__", path)
+    main.__builtins__ = builtins
+    return [path], os.path.dirname(path), main
+
+
+def become_python_program(request: dict, prepared: tuple) -> None:
+    """Turn this forked launcher into ``python <file>``; never returns. ``prepared``: what
+    :func:`prepare_python_program` made for it."""
+    argv, path_first, main = prepared
+    path = argv[0]
     if request.get("world") is None:  # (a world's program is in its dir already: World.enter)
         os.chdir(request["cwd"])
     env = request["env"]
     if env is not None:  # None: the launcher's own environment, nothing to do
         os.environ.clear()
         os.environ.update(env)
-    sys.argv[:] = [path]
-    sys.path[0] = os.path.dirname(path)
+    sys.argv = argv
+    sys.path[0] = path_first
     stdin, stdout, stderr = state.PROGRAM_STDIO
     sys.stdin = sys.__stdin__ = stdin
     sys.stdout = sys.__stdout__ = stdout
@@ -106,14 +123,6 @@ def become_python_program(request: dict) -> None:
     # (The default stack size of new threads was set for this limit before the fork.)
     apply_memory_limit(request.get("memory_limit_mb", -1))
 
-    import _frozen_importlib_external  # in every interpreter's module table already
-
-    main = type(sys)("__main__")
-    main.__file__ = path
-    main.__cached__ = None
-    main.__annotations__ = {}
-    main.__loader__ = _frozen_importlib_external.SourceFileLoader("__main__", path)
-    main.__builtins__ = builtins
     sys.modules["__main__"] = main
     os._exit(_run_main(path, main))
 

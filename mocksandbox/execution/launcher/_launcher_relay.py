@@ -17,7 +17,7 @@ import _socket
 import os
 
 import _launcher_state as state
-from _launcher_program import start_program
+from _launcher_program import forget_program, prepare_program, say_cannot_start, start_program
 from _launcher_protocol import (
     RUN_FDS,
     STATUS_EXIT,
@@ -94,11 +94,23 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
             state.SYSCALLS.prepare_command_line(
                 ["python", request["file"]] if request["mode"] == "python" else None
             )
+        try:
+            prepared = prepare_program(request)
+        except OSError as exc:
+            if world is not None:
+                state.WORLD.unmount_run()
+            say_cannot_start(fds, exc)
+            close_all(fds)
+            return
         if world is not None:
             state.WATCHED_STATUS_FD = status_fd
             watching = True
             server_gone = watch_server(sock)
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except BaseException:
+            forget_program(prepared)
+            raise
     except Exception as exc:  # EAGAIN: the host's or the server's process budget is spent
         if watching:
             state.WATCHED_STATUS_FD = None
@@ -116,7 +128,8 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
         close_all(fds)
         return
     if pid == 0:
-        start_program(request, fds)
+        start_program(request, fds, prepared)
+    forget_program(prepared)
     nothing_left = False
     try:
         if world is not None:
