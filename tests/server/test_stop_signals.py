@@ -44,7 +44,7 @@ def own_stop_signals() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
-@pytest.mark.parametrize("loop", ["serve_forever", "accept_forever"])
+@pytest.mark.parametrize("loop", ["serve_forever", "accept_forever", "serve_by_acceptors"])
 def test_a_stop_signal_lost_in_a_finalizer_still_stops_the_server(
     loop: str, own_stop_signals: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -58,6 +58,8 @@ def test_a_stop_signal_lost_in_a_finalizer_still_stops_the_server(
         gave_up.set()
         if loop == "serve_forever":
             server.shutdown()
+        elif loop == "serve_by_acceptors":
+            server.stop_requested.set()
         else:
             server.socket.shutdown(socket.SHUT_RDWR)  # wakes the blocking accept
 
@@ -69,6 +71,8 @@ def test_a_stop_signal_lost_in_a_finalizer_still_stops_the_server(
         watchdog.start()
         if loop == "serve_forever":
             server.serve_forever(poll_interval=0.05)
+        elif loop == "serve_by_acceptors":
+            server.serve_by_acceptors()
         else:
             server.accept_forever()
     finally:
