@@ -274,7 +274,7 @@ class ExecutionEngine:
                     -1,
                     world=workspace.next_command(),
                 )
-            host_code_path = self._write_code(workspace.host_cwd, spec, request.code)
+            host_code_path, written = self._write_code(workspace.host_cwd, spec, request.code)
             workspace.hand_over()  # (where what the server wrote is not the run's as it is: RunOwner)
             code_path = os.path.join(workdir, os.path.basename(host_code_path))
             placeholders["file"] = shlex.quote(code_path)
@@ -306,6 +306,7 @@ class ExecutionEngine:
                     request.memory_limit_MB,
                     python_file=code_path if self._forks(spec, request) else None,
                     world=workspace.next_command(last=True, keep=self._keeps_to_its_dir(spec, request)),
+                    python_source=written,
                 )
             self._note_missing_toolchain(spec, compile_result or run_result)
             if spec.python_env and run_result is not None:
@@ -467,6 +468,7 @@ class ExecutionEngine:
         memory_limit_mb: int,
         python_file: str | None = None,
         world: Mapping[str, Any] | None = None,
+        python_source: str | None = None,
     ) -> CommandRunResult:
         command = template.format_map(placeholders)
         if math.isnan(timeout):
@@ -482,6 +484,7 @@ class ExecutionEngine:
                 timeout=min(timeout, self.settings.max_timeout_s),
                 memory_limit_mb=memory_limit_mb,
                 python_file=python_file,
+                python_source=python_source if python_file is not None else None,
                 world=world,
                 output_mode=output_mode,
             )
@@ -508,7 +511,8 @@ class ExecutionEngine:
         )
 
     @staticmethod
-    def _write_code(workdir: str, spec: LanguageSpec, code: str) -> str:
+    def _write_code(workdir: str, spec: LanguageSpec, code: str) -> tuple[str, str]:
+        """Write the program's file in ``workdir``; its path and the text it holds."""
         if spec.prepare_code is not None:
             code = spec.prepare_code(code)
         file_name = spec.file_name if spec.code_file_name is None else spec.code_file_name(code)
@@ -523,7 +527,7 @@ class ExecutionEngine:
                 data = data[os.write(fd, data) :]
         finally:
             os.close(fd)
-        return path
+        return path, code
 
     def _detect_cpp_flags(self) -> list[str]:
         """Which of SandboxFusion's optional link flags work with this host's g++ (probed once)."""

@@ -113,6 +113,9 @@ class CommandSpec:
     memory_limit_mb: int = -1
     #: Run this Python file in a forked warm interpreter instead of ``command`` (fork mode).
     python_file: str | None = None
+    #: What ``python_file`` holds, sent with the run for its relay to compile before its fork (a
+    #: small one only: see ``Launcher.launch``); ``None``: the program reads and compiles its file.
+    python_source: str | None = None
     #: The run's layers (isolation lite, see ``world.py``): its relay mounts them as the program's
     #: root; ``None``: the program runs in the host's file system.
     world: Mapping[str, Any] | None = None
@@ -337,6 +340,7 @@ class ProcessRunner:
             "mode": "python" if spec.python_file else "exec",
             "argv": ["/bin/bash", "-c", spec.command],
             "file": spec.python_file,
+            "source": spec.python_source,
             "cwd": spec.cwd,
             # The launcher's own environment is not sent again (most runs); it checks for None.
             "env": None if spec.env == self.launcher.env else dict(spec.env),

@@ -249,3 +249,67 @@ def test_a_cgroup_that_cannot_be_joined_is_a_launch_error_and_the_relay_serves_o
     assert stderr.startswith(b"mocksandbox launcher: cannot start the run: [Errno 2]"), stderr
     shown, exit_status = _run(launcher, {**request, "cgroup_procs": []})
     assert (shown, os.waitstatus_to_exitcode(exit_status)) == (b"ran\n", 0)
+
+
+def _python_run(
+    launcher: Launcher, tmp_path: Path, file_text: str, source: str | None
+) -> tuple[bytes, bytes, int]:
+    """A warm Python run of a file holding ``file_text``, sent with ``source``: its stdout, stderr
+    and exit code."""
+    script = tmp_path / "program.py"
+    script.write_text(file_text)
+    relay, stdout_r, stderr_r, status_r = _launch(
+        launcher, _request(tmp_path, "", mode="python", argv=None, file=str(script), source=source)
+    )
+    try:
+        status = b""
+        while chunk := os.read(status_r, 64):
+            status += chunk
+        stdout = os.read(stdout_r, 65536)
+        stderr = os.read(stderr_r, 65536)
+    finally:
+        for fd in (status_r, stdout_r, stderr_r):
+            os.close(fd)
+    launcher.release(relay, True)
+    assert status[:1] == b"P" and status[9:10] == b"S", status
+    return stdout, stderr, os.waitstatus_to_exitcode(int.from_bytes(status[10:18], "little", signed=True))
+
+
+def test_a_source_sent_with_the_run_is_compiled_by_its_relay(launcher: Launcher, tmp_path: Path) -> None:
+    """The relay compiles the source the run brought, before its fork: the program runs that code
+    (here not what its file holds, to tell the two apart), under the file's name."""
+    stdout, stderr, code = _python_run(
+        launcher,
+        tmp_path,
+        "print('from the file')\n",
+        "import sys\nprint('from the source', __file__ == sys.argv[0])\n",
+    )
+    assert (stdout, stderr, code) == (b"from the source True\n", b"", 0)
+
+
+def test_a_source_that_does_not_compile_or_warns_is_left_to_the_program(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    """A source that fails to compile, or warns as it compiles, is the program's to compile from
+    its file: its SyntaxWarning is on the program's stderr, as ``python <file>`` shows it (not on
+    the relay's), and the next runs' warnings too (the relay's warning filters are as they were)."""
+    stdout, _, code = _python_run(launcher, tmp_path, "print('from the file')\n", "print(")
+    assert (stdout, code) == (b"from the file\n", 0)
+    warns = "x = 1\nprint(x is 1)\n"
+    for _ in range(2):
+        stdout, stderr, code = _python_run(launcher, tmp_path, warns, warns)
+        assert (stdout, code) == (b"True\n", 0)
+        assert b'program.py:2: SyntaxWarning: "is" with a literal' in stderr, stderr
+    stdout, stderr, code = _python_run(launcher, tmp_path, "print(\n", "print(\n")
+    assert (stdout, code) == (b"", 1)
+    assert stderr.rstrip().endswith(b"SyntaxError: '(' was never closed"), stderr
+
+
+def test_a_large_source_is_not_sent_and_its_program_still_runs(launcher: Launcher, tmp_path: Path) -> None:
+    """A run message must fit the socket's buffer: past ``SOURCE_MESSAGE_LIMIT`` the source stays
+    behind and the program compiles its file."""
+    from mocksandbox.execution.launcher import SOURCE_MESSAGE_LIMIT
+
+    text = "# " + "\u00e9" * SOURCE_MESSAGE_LIMIT + "\nprint('big')\n"  # (its JSON is six bytes a character)
+    stdout, stderr, code = _python_run(launcher, tmp_path, text, text)
+    assert (stdout, stderr, code) == (b"big\n", b"", 0)

@@ -43,6 +43,11 @@ class LauncherError(RuntimeError):
     """The launcher could not be (re)started or reached."""
 
 
+#: The largest run message that carries its program's source (``request["source"]``, which the
+#: relay compiles before its fork): a seqpacket message must fit the sender's socket buffer
+#: (``net.core.wmem_default``, 208 KiB on most hosts), and a larger program gains little.
+SOURCE_MESSAGE_LIMIT = 64 * 1024
+
 #: Set, with ``LD_BIND_NOW``, in the environment of a launcher whose server had no ``LD_BIND_NOW``
 #: of its own: the launcher takes both out of its environment before anything else (``__main__``).
 BIND_NOW_MARKER = "MOCKSANDBOX_LAUNCHER_BIND_NOW"
@@ -155,6 +160,9 @@ class Launcher:
         or to the launcher, which forks a new relay for it. Returns the relay's socket: give it
         back with :meth:`release` once the run's status pipe is closed."""
         message = json.dumps(request).encode()
+        if len(message) > SOURCE_MESSAGE_LIMIT and request.get("source") is not None:
+            # A run's message must fit the socket's buffer: a large program compiles its file itself.
+            message = json.dumps({**request, "source": None}).encode()
         ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
         in_world = request.get("world") is not None
         idle = self._idle_world_relays if in_world else self._idle_relays

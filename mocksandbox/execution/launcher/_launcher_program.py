@@ -50,10 +50,10 @@ def prepare_program(request: dict) -> tuple:
     """In the relay, before its fork: what the program will need made already (each page the
     program writes is a copy, about 2.5 µs with its fault; what the relay writes before its fork is
     not): the run's ``cgroup.procs`` files opened, for the program to join by writing ``0`` (the
-    writer itself) to each, and a Python program's ``__main__``, ``argv`` and ``sys.path[0]``
-    (``_launcher_python.prepare_python_program``). The relay closes the files once it has forked
-    (:func:`forget_program`); an ``OSError`` if one cannot be opened, said as the program would
-    have said it (:func:`say_cannot_start`)."""
+    writer itself) to each, and a Python program's ``__main__``, ``argv``, ``sys.path[0]`` and,
+    where its source came with the run, its code (``_launcher_python.prepare_python_program``).
+    The relay closes the files once it has forked (:func:`forget_program`); an ``OSError`` if one
+    cannot be opened, said as the program would have said it (:func:`say_cannot_start`)."""
     procs = []
     try:
         for path in request["cgroup_procs"]:
@@ -61,7 +61,9 @@ def prepare_program(request: dict) -> tuple:
     except OSError:
         close_all(procs)
         raise
-    python = prepare_python_program(request["file"]) if request["mode"] == "python" else None
+    python = None
+    if request["mode"] == "python":
+        python = prepare_python_program(request["file"], request.get("source"))
     return procs, python
 
 
