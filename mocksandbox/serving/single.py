@@ -279,11 +279,20 @@ class _Acceptors:
         """Threads alive, waiting or serving."""
         return self._threads
 
-    def start(self) -> None:
+    def start(self) -> bool:
+        """Start one more thread; ``False`` where none can be started now (the process budget, or
+        memory, is spent): the threads alive serve on, one connection at a time each."""
         with self._lock:
             self._idle += 1
             self._threads += 1
-        threading.Thread(target=self._run, name="mocksandbox-connection", daemon=True).start()
+        try:
+            threading.Thread(target=self._run, name="mocksandbox-connection", daemon=True).start()
+        except RuntimeError:  # "can't start new thread"
+            with self._lock:
+                self._idle -= 1
+                self._threads -= 1
+            return False
+        return True
 
     def _run(self) -> None:
         server = self._server
@@ -399,7 +408,8 @@ class MockServer(ThreadedWSGIServer):
         which wakes the waiting threads. Returns once stopped; the caller closes the server."""
         self.socket.setblocking(True)
         self._acceptors = _Acceptors(self, max_idle)
-        self._acceptors.start()
+        if not self._acceptors.start():
+            raise RuntimeError("cannot start a thread to serve connections")
         self.stop_requested.wait()
 
     def service_actions(self) -> None:

@@ -163,3 +163,38 @@ def test_accepting_threads_beyond_the_idle_bound_end() -> None:
         srv.stop_requested.set()
         thread.join(10)
         srv.server_close()
+
+
+def test_accepting_threads_serve_on_where_no_thread_can_be_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where no new thread can be started (the process budget is spent), the thread that took a
+    connection serves it all the same, and the next ones after it, one at a time."""
+    srv = MockServer("127.0.0.1", 0, lambda environ, start_response: _answer_ok(start_response))
+    started = threading.Thread.start
+
+    def start_only_the_first(thread: threading.Thread) -> None:
+        if (
+            thread.name == "mocksandbox-connection"
+            and srv._acceptors is not None
+            and srv._acceptors.threads > 1
+        ):
+            raise RuntimeError("can't start new thread")
+        started(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start_only_the_first)
+    thread = threading.Thread(target=srv.serve_by_acceptors, daemon=True)
+    started(thread)
+    try:
+        _wait_until(lambda: srv._acceptors is not None and srv._acceptors.idle == 1, "not serving")
+        for _ in range(3):
+            assert _ask(srv.port) == "ok"
+            _wait_until(lambda: srv._acceptors.idle == 1, "the thread did not go back to waiting")
+        assert srv._acceptors.threads == 1
+    finally:
+        srv.stop_requested.set()
+        thread.join(10)
+        srv.server_close()
+
+
+def _answer_ok(start_response: Any) -> list[bytes]:
+    start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", "2")])
+    return [b"ok"]

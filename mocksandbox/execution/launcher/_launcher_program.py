@@ -54,16 +54,16 @@ def prepare_program(request: dict) -> tuple:
     where its source came with the run, its code (``_launcher_python.prepare_python_program``).
     The relay closes the files once it has forked (:func:`forget_program`); an ``OSError`` if one
     cannot be opened, said as the program would have said it (:func:`say_cannot_start`)."""
-    procs = []
+    procs: list = []
     try:
         for path in request["cgroup_procs"]:
             procs.append(os.open(path, os.O_WRONLY | os.O_CLOEXEC))
-    except OSError:
+        python = None
+        if request["mode"] == "python":
+            python = prepare_python_program(request["file"], request.get("source"))
+    except BaseException:
         close_all(procs)
         raise
-    python = None
-    if request["mode"] == "python":
-        python = prepare_python_program(request["file"], request.get("source"))
     return procs, python
 
 

@@ -114,7 +114,9 @@ def _compile_before_fork(path: str, source: "str | None") -> object:
 
     Called as deep in the relay's frames as ``_run_main`` is in the program's (three below
     ``_relay_one_run``): the compiler's nesting limit counts the frames below it, and is then the
-    same in either."""
+    same in either. The relay is in none of the run's cgroups: what it compiles is kept small by
+    the message it comes in (``Launcher.launch``), and the compiler's own limits (nesting, constant
+    folding) keep the work on a small source small."""
     if source is None or _FILTERS_MUTATED is None:
         return None
     filters = _warnings.filters
