@@ -202,21 +202,14 @@ class _RequestHandler(WSGIRequestHandler):
         return cached[1]
 
 
-class _HandlerThreads:
-    """Threads that serve one connection each, reused: a connection is given to an idle thread if
-    there is one, else to a new one (never a cap on connections at once, as a thread per
-    connection). A client that opens a connection per request (verl's ``requests.post``) would
-    otherwise pay for a thread's start and end on each: about 0.2 ms of the server's CPU, half of
-    what such a request costs the HTTP layer. A thread idle for ``idle_s`` ends."""
+class _ConnectionThreads:
+    """The counts of a server's connection threads, under their lock."""
 
-    def __init__(self, serve: Any, idle_s: float = 30.0) -> None:
-        self._serve_one = serve
-        self._idle_s = idle_s
-        self._queue: queue.SimpleQueue[tuple[Any, Any]] = queue.SimpleQueue()
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        #: Threads waiting for a connection, less the connections queued for them.
+        #: Threads waiting for a connection (less the connections already handed to them).
         self._idle = 0
-        #: Threads alive.
+        #: Threads alive, serving or waiting.
         self._threads = 0
 
     @property
@@ -228,6 +221,20 @@ class _HandlerThreads:
     def threads(self) -> int:
         """Threads alive, serving or waiting."""
         return self._threads
+
+
+class _HandlerThreads(_ConnectionThreads):
+    """Threads that serve one connection each, reused: a connection is given to an idle thread if
+    there is one, else to a new one (never a cap on connections at once, as a thread per
+    connection). A client that opens a connection per request (verl's ``requests.post``) would
+    otherwise pay for a thread's start and end on each: about 0.2 ms of the server's CPU, half of
+    what such a request costs the HTTP layer. A thread idle for ``idle_s`` ends."""
+
+    def __init__(self, serve: Any, idle_s: float = 30.0) -> None:
+        super().__init__()
+        self._serve_one = serve
+        self._idle_s = idle_s
+        self._queue: queue.SimpleQueue[tuple[Any, Any]] = queue.SimpleQueue()
 
     def serve(self, request: Any, client_address: Any) -> None:
         with self._lock:
@@ -256,28 +263,14 @@ class _HandlerThreads:
                 self._idle += 1
 
 
-class _Acceptors:
+class _Acceptors(_ConnectionThreads):
     """The threads of :meth:`MockServer.serve_by_acceptors`: each waits in ``accept``, serves the
     connection it took, and waits again (or ends, if ``max_idle`` others already wait)."""
 
     def __init__(self, server: MockServer, max_idle: int) -> None:
+        super().__init__()
         self._server = server
         self._max_idle = max_idle
-        self._lock = threading.Lock()
-        #: Threads waiting in accept (or about to).
-        self._idle = 0
-        #: Threads alive, waiting or serving.
-        self._threads = 0
-
-    @property
-    def idle(self) -> int:
-        """Threads waiting for a connection."""
-        return self._idle
-
-    @property
-    def threads(self) -> int:
-        """Threads alive, waiting or serving."""
-        return self._threads
 
     def start(self) -> bool:
         """Start one more thread; ``False`` where none can be started now (the process budget, or

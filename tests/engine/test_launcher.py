@@ -56,6 +56,23 @@ def _run(launcher: Launcher, request: dict[str, object]) -> tuple[bytes, int]:
     return stdout, int.from_bytes(status[10:18], "little", signed=True)
 
 
+def _whole_run(launcher: Launcher, request: dict[str, object]) -> tuple[bytes, bytes, bytes]:
+    """Send one run and read it to its end: what its status pipe said, its stdout and stderr (a
+    small output's, read once the run is over)."""
+    relay, stdout_r, stderr_r, status_r = _launch(launcher, request)
+    try:
+        status = b""
+        while chunk := os.read(status_r, 64):
+            status += chunk
+        stdout = os.read(stdout_r, 65536)
+        stderr = os.read(stderr_r, 65536)
+    finally:
+        for fd in (status_r, stdout_r, stderr_r):
+            os.close(fd)
+    launcher.release(relay, True)
+    return status, stdout, stderr
+
+
 def _request(tmp_path: Path, command: str, **extra: object) -> dict[str, object]:
     return {
         "mode": "exec",
@@ -233,17 +250,7 @@ def test_a_cgroup_that_cannot_be_joined_is_a_launch_error_and_the_relay_serves_o
         tmp_path, "", mode=mode, argv=[sys.executable, str(script)], file=str(script),
         cgroup_procs=[str(tmp_path / "gone" / "cgroup.procs")],
     )  # fmt: skip
-    relay, stdout_r, stderr_r, status_r = _launch(launcher, request)
-    try:
-        status = b""
-        while chunk := os.read(status_r, 64):
-            status += chunk
-        stderr = os.read(stderr_r, 65536)
-        stdout = os.read(stdout_r, 65536)
-    finally:
-        for fd in (status_r, stdout_r, stderr_r):
-            os.close(fd)
-    launcher.release(relay, True)
+    status, stdout, stderr = _whole_run(launcher, request)
     assert status == b"E" + (2).to_bytes(8, "little", signed=True)  # ENOENT
     assert stdout == b""
     assert stderr.startswith(b"mocksandbox launcher: cannot start the run: [Errno 2]"), stderr
@@ -258,19 +265,9 @@ def _python_run(
     and exit code."""
     script = tmp_path / "program.py"
     script.write_text(file_text)
-    relay, stdout_r, stderr_r, status_r = _launch(
+    status, stdout, stderr = _whole_run(
         launcher, _request(tmp_path, "", mode="python", argv=None, file=str(script), source=source)
     )
-    try:
-        status = b""
-        while chunk := os.read(status_r, 64):
-            status += chunk
-        stdout = os.read(stdout_r, 65536)
-        stderr = os.read(stderr_r, 65536)
-    finally:
-        for fd in (status_r, stdout_r, stderr_r):
-            os.close(fd)
-    launcher.release(relay, True)
     assert status[:1] == b"P" and status[9:10] == b"S", status
     return stdout, stderr, os.waitstatus_to_exitcode(int.from_bytes(status[10:18], "little", signed=True))
 
