@@ -12,14 +12,22 @@ import time
 from mocksandbox.execution.process import CapturedStream, ProcessRunner, _PipePoll
 
 
-def test_the_launchers_words_are_read_from_stderr_once_it_is_ready_and_not_before() -> None:
+def _run_pipes() -> tuple[int, int, int, dict[int, CapturedStream], _PipePoll]:
+    """A run's stdout and stderr as the runner watches them, stdout ready at once (its write end
+    closed) and stderr not yet: stdout's read end, stderr's read and write ends, the streams, the
+    poll."""
     stdout_r, stdout_w = os.pipe()
     stderr_r, stderr_w = os.pipe()
     streams = {fd: CapturedStream(1 << 20, bytearray()) for fd in (stdout_r, stderr_r)}
     selector = _PipePoll()
     for fd in (stdout_r, stderr_r):
         selector.register(fd, select.POLLIN)
-    os.close(stdout_w)  # stdout ready at once (its end closed), stderr not yet
+    os.close(stdout_w)
+    return stdout_r, stderr_r, stderr_w, streams, selector
+
+
+def test_the_launchers_words_are_read_from_stderr_once_it_is_ready_and_not_before() -> None:
+    stdout_r, stderr_r, stderr_w, streams, selector = _run_pipes()
 
     def say_later() -> None:
         time.sleep(0.1)
@@ -41,13 +49,7 @@ def test_the_launchers_words_are_read_from_stderr_once_it_is_ready_and_not_befor
 def test_a_stderr_that_stays_silent_is_not_waited_for_past_the_grace() -> None:
     """Another pipe ready, stderr silent and open (a relay stuck): the grace (half a second) ends
     the wait; a blocking read of stderr would have waited until its writer closed it (3 s)."""
-    stdout_r, stdout_w = os.pipe()
-    stderr_r, stderr_w = os.pipe()
-    streams = {fd: CapturedStream(1 << 20, bytearray()) for fd in (stdout_r, stderr_r)}
-    selector = _PipePoll()
-    for fd in (stdout_r, stderr_r):
-        selector.register(fd, select.POLLIN)
-    os.close(stdout_w)
+    stdout_r, stderr_r, stderr_w, streams, selector = _run_pipes()
     closer = threading.Timer(3.0, os.close, (stderr_w,))
     closer.start()
     try:
