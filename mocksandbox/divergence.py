@@ -19,9 +19,8 @@ thread started with :func:`carry` (the online-judge cases of one ``/submit``).
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Literal, ParamSpec, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, Literal, ParamSpec, TypeVar
 
 #: ``complete``: every stream drained while the program runs and kept up to ``max_output_bytes``
 #: (the mock's default, the better sandbox). ``sandboxfusion``: SandboxFusion's reader, emulated
@@ -55,17 +54,31 @@ _output_mode: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 
 P = ParamSpec("P")
 T = TypeVar("T")
+V = TypeVar("V")
 
 
-@contextmanager
-def collecting() -> Iterator[list[str]]:
-    """Collect the notes made while serving one request (in this context and those it carries)."""
-    notes: list[str] = []
-    token = _notes.set(notes)
-    try:
-        yield notes
-    finally:
-        _notes.reset(token)
+class _Setting(Generic[V]):
+    """``with``: ``variable`` set to ``value`` inside, put back after (a class rather than a
+    ``contextmanager`` generator: both are entered for every request)."""
+
+    __slots__ = ("_token", "_value", "_variable")
+
+    def __init__(self, variable: contextvars.ContextVar[Any], value: V) -> None:
+        self._variable = variable
+        self._value = value
+
+    def __enter__(self) -> V:
+        self._token = self._variable.set(self._value)
+        return self._value
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._variable.reset(self._token)
+
+
+def collecting() -> _Setting[list[str]]:
+    """Collect the notes made while serving one request (in this context and those it carries):
+    ``with collecting() as notes``."""
+    return _Setting(_notes, [])
 
 
 def note(kind: str, detail: str) -> None:
@@ -82,14 +95,9 @@ def kind_of(text: str) -> str:
     return text.split(":", 1)[0]
 
 
-@contextmanager
-def output_mode(mode: str | None) -> Iterator[None]:
+def output_mode(mode: str | None) -> _Setting[str | None]:
     """Serve what runs inside with this output mode (``None``: the server's setting)."""
-    token = _output_mode.set(mode)
-    try:
-        yield
-    finally:
-        _output_mode.reset(token)
+    return _Setting(_output_mode, mode)
 
 
 def requested_output_mode(default: OutputMode) -> OutputMode:

@@ -228,29 +228,28 @@ def _write_some(fd: int, pending: memoryview) -> memoryview:
 class _PipePoll:
     """The pipes of one run, watched by ``poll(2)`` itself: ``selectors.PollSelector`` keeps a key
     and a mapping for each, several Python calls per pipe and per wake-up (about a twentieth of
-    the server's CPU for a short run)."""
+    the server's CPU for a short run). ``fds``: the pipes watched (asked of a plain set, without a
+    call of ours, on every turn of the run's loop)."""
 
-    __slots__ = ("_fds", "_poll")
+    __slots__ = ("_poll", "fds")
 
     def __init__(self) -> None:
         self._poll = select.poll()
-        self._fds: set[int] = set()
+        self.fds: set[int] = set()
 
     def register(self, fd: int, events: int) -> None:
         self._poll.register(fd, events)
-        self._fds.add(fd)
+        self.fds.add(fd)
 
     def unregister(self, fd: int) -> None:
         self._poll.unregister(fd)
-        self._fds.discard(fd)
+        self.fds.discard(fd)
 
-    def __contains__(self, fd: int) -> bool:
-        return fd in self._fds
-
-    def ready(self, timeout: float) -> list[int]:
-        """The pipes that can be read or written (or were closed at the other end, or failed),
-        waiting up to ``timeout`` seconds (rounded up to a millisecond, as the selector does)."""
-        return [fd for fd, _ in self._poll.poll(math.ceil(max(timeout, 0.0) * 1000))]
+    def ready(self, timeout: float) -> list[tuple[int, int]]:
+        """The pipes that can be read or written (or were closed at the other end, or failed), as
+        ``(fd, events)``, waiting up to ``timeout`` seconds (rounded up to a millisecond, as the
+        selector does)."""
+        return self._poll.poll(math.ceil(max(timeout, 0.0) * 1000))
 
 
 class ProcessRunner:
@@ -400,7 +399,7 @@ class ProcessRunner:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                for fd in selector.ready(remaining):
+                for fd, _ in selector.ready(remaining):
                     if fd == status_fd:
                         if not self._read_status(selector, fd, status) or status.wait_status is not None:
                             exited_at = time.monotonic()
@@ -451,11 +450,11 @@ class ProcessRunner:
                 jail.kill_all()
             drain_deadline = time.monotonic() + _DRAIN_GRACE_S
             # (The status pipe too: a timed-out run's relay reports the kill and is then reusable.)
-            while any(fd in selector for fd in (*streams, status_fd)):
+            while not selector.fds.isdisjoint((*streams, status_fd)):
                 remaining = drain_deadline - time.monotonic()
                 if remaining <= 0:
                     break
-                for fd in selector.ready(remaining):
+                for fd, _ in selector.ready(remaining):
                     if fd in streams:
                         self._read_into(selector, fd, streams)
                     elif fd == status_fd:
@@ -465,7 +464,7 @@ class ProcessRunner:
         finally:
             # A relay that said how its run ended and closed the status pipe serves the next one;
             # one that did not (killed, or still waiting for a program past its deadline) leaves.
-            relay_done = status_fd not in selector and (
+            relay_done = status_fd not in selector.fds and (
                 status.wait_status is not None or status.launch_error is not None
             )
             if not released:
@@ -530,13 +529,13 @@ class ProcessRunner:
         ``until_pid`` until it said the program's pid (or that it could not start it), for at most
         ``within`` seconds."""
         deadline = time.monotonic() + within
-        while status_fd in selector:
+        while status_fd in selector.fds:
             if until_pid and (status.pid is not None or status.launch_error is not None):
                 return
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
-            for fd in selector.ready(remaining):
+            for fd, _ in selector.ready(remaining):
                 if fd == status_fd:
                     self._read_status(selector, fd, status)
                 elif fd in streams:
@@ -550,7 +549,7 @@ class ProcessRunner:
         # status pipe's, stdout's end) says nothing of it.
         stderr_alone = _PipePoll()
         stderr_alone.register(stderr_fd, select.POLLIN)
-        while stderr_fd in selector and time.monotonic() < deadline:
+        while stderr_fd in selector.fds and time.monotonic() < deadline:
             if stderr_alone.ready(deadline - time.monotonic()):
                 self._read_into(selector, stderr_fd, streams)
         lines = [

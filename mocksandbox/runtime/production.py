@@ -84,6 +84,8 @@ def missing_production_modules(text: str) -> list[str]:
     """Modules production's runtime has that ``text`` (a run's output) says could not be imported.
     Only a missing top-level module counts: ``No module named 'sklearn.externals'`` is a module
     gone from a package both have, which a note about versions would not explain."""
+    if "No module named" not in text:  # (most runs' outputs: no regex, no table)
+        return []
     modules = sandboxfusion_modules()
     found = [name for name in _NO_MODULE.findall(text) if "." not in name and name in modules]
     return list(dict.fromkeys(found))
@@ -270,8 +272,9 @@ class RuntimeFacts:
     #: ``3.10``.
     production: str
 
-    @property
+    @functools.cached_property
     def same_minor(self) -> bool:
+        """Whether user Python is production's minor version (asked for every answer: kept)."""
         return self.version is not None and self.version[:2] == parse_minor(self.production)
 
     def describe(self) -> str:
@@ -306,6 +309,9 @@ class PythonRuntime:
         self._lock = threading.Lock()
 
     def facts(self) -> RuntimeFacts:
+        facts = self._facts
+        if facts is not None:  # (every answer asks: no lock once they are known)
+            return facts
         with self._lock:
             if self._facts is None:
                 self._facts = RuntimeFacts(
@@ -332,6 +338,8 @@ class PythonRuntime:
         facts = self.facts()
         if facts.version is None:
             return
+        if facts.same_minor:
+            return  # (time_limit_note says nothing on production's own minor version)
         text = time_limit_note(
             facts.version[:2], parse_minor(self.production), result.status, result.execution_time, run_timeout
         )

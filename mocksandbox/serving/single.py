@@ -290,9 +290,16 @@ class _Acceptors(_ConnectionThreads):
     def _run(self) -> None:
         server = self._server
         listener = server.socket
+        # ``listener.accept()``, as socket.py makes it, but for the new socket's family and type:
+        # those are asked of the listener, as enums, for each connection (a tenth of the Python
+        # calls of a short request); here, once, as numbers.
+        family, kind, proto = int(listener.family), int(listener.type), listener.proto
         while True:
             try:
-                request, client_address = listener.accept()
+                fd, client_address = listener._accept()  # type: ignore[attr-defined]
+                request = socket.socket(family, kind, proto, fileno=fd)
+                if socket.getdefaulttimeout() is None and listener.gettimeout():
+                    request.setblocking(True)
             except OSError as exc:
                 if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     time.sleep(0.05)  # out of descriptors or memory: let connections end first

@@ -61,6 +61,11 @@ def test_the_same_message_as_the_standard_library(block: bytes) -> None:
     assert ours.get_payload() == standard.get_payload()
     assert ours.get_content_type() == standard.get_content_type()
     assert ours.get("content-length") == standard.get("content-length")
+    assert ours.get("x-absent", "fallback") == standard.get("x-absent", "fallback")
+    for name, _ in standard.items():
+        assert ours.get(name.upper()) == standard.get(name.upper())
+        assert ours[name.swapcase()] == standard[name.swapcase()]
+        assert (name in ours) is (name in standard)
     assert ours.get_all("x") == standard.get_all("x")
 
 
