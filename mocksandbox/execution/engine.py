@@ -675,7 +675,7 @@ def _start_engine(
                     raise IsolationError(f"isolation lite does not work here: {exc}{after}") from None
                 reason = f"lite failed its start-up run: {exc}{after}"
                 break
-    launcher = Launcher(settings.python, env)
+    launcher = Launcher(settings.python, env, pin_relays=settings.pin_workers)
     launcher.start()
     runner = ProcessRunner(confinement, launcher, settings.max_output_bytes)
     why_none = "" if settings.isolation == "none" else reason or ""
@@ -763,7 +763,7 @@ def _start_lite(
             else:
                 world["mapped_roots"] = _mapped_roots(settings, runs_root.path, tmp_root)
             confinement.delegate_runs_to(run_uid, run_uid)
-        launcher = Launcher(settings.python, env, world)
+        launcher = Launcher(settings.python, env, world, pin_relays=settings.pin_workers)
         launcher.after_close.append(runs_root.close)
         launcher.after_relay_lost.append(runs_root.reclaim_dropped_kept_roots)
         if "runs_root" in world:

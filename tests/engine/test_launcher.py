@@ -310,3 +310,56 @@ def test_a_large_source_is_not_sent_and_its_program_still_runs(launcher: Launche
     text = "# " + "\u00e9" * SOURCE_MESSAGE_LIMIT + "\nprint('big')\n"  # (its JSON is six bytes a character)
     stdout, stderr, code = _python_run(launcher, tmp_path, text, text)
     assert (stdout, stderr, code) == (b"big\n", b"", 0)
+
+
+def _cores(listed: str) -> set[int]:
+    """``Cpus_allowed_list`` (``0-2,5``) as a set."""
+    cores: set[int] = set()
+    for part in listed.strip().split(","):
+        first, _, last = part.partition("-")
+        cores.update(range(int(first), int(last or first) + 1))
+    return cores
+
+
+def test_relays_keep_to_a_core_each_in_turn_and_their_programs_to_none(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    """Each relay is kept to one core, the next relay to the next core; a program starts on its
+    relay's core but may use every core the launcher may (as a spawned one may)."""
+    everything = os.sched_getaffinity(0)
+    if len(everything) < 2:
+        pytest.skip("one core: relays are left where they are")
+    say = "grep Cpus_allowed_list: /proc/$PPID/status /proc/self/status | cut -f2"
+    # The first run waits, so that the second needs a relay of its own.
+    first = _launch(launcher, _request(tmp_path, f"{say}; while [ ! -e go ]; do sleep 0.01; done"))
+    second, _ = _run(launcher, _request(tmp_path, say))
+    (tmp_path / "go").touch()
+    relay, stdout_r, stderr_r, status_r = first
+    try:
+        while os.read(status_r, 64):
+            pass
+        said_first = os.read(stdout_r, 65536)
+    finally:
+        for fd in (status_r, stdout_r, stderr_r):
+            os.close(fd)
+    launcher.release(relay, True)
+    relays, programs = [], []
+    for said in (said_first, second):
+        relay_cores, program_cores = said.decode().split()
+        relays.append(_cores(relay_cores))
+        programs.append(_cores(program_cores))
+    assert all(len(cores) == 1 for cores in relays), relays
+    assert relays[0] != relays[1], "both relays were kept to one core"
+    assert relays[0] | relays[1] <= everything
+    assert programs == [everything, everything]
+
+
+def test_relays_told_to_roam_keep_to_no_core(tmp_path: Path) -> None:
+    """``pin_workers: false`` reaches the launcher: its relays may use every core."""
+    roaming = Launcher(sys.executable, program_environment(os.environ), pin_relays=False)
+    roaming.start()
+    try:
+        said, _ = _run(roaming, _request(tmp_path, "grep Cpus_allowed_list: /proc/$PPID/status | cut -f2"))
+    finally:
+        roaming.close()
+    assert _cores(said.decode()) == os.sched_getaffinity(0)

@@ -68,9 +68,17 @@ def launcher_env(env: Mapping[str, str]) -> dict[str, str]:
 class Launcher:
     """One launcher process, restarted when it dies. Thread-safe."""
 
-    def __init__(self, python: str, env: Mapping[str, str], world: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        python: str,
+        env: Mapping[str, str],
+        world: Mapping[str, Any] | None = None,
+        pin_relays: bool = True,
+    ) -> None:
         self.python = python
         self.env = dict(env)
+        #: Whether each relay is kept to one core (``_launcher_serve.RelayCores``), or roams.
+        self.pin_relays = pin_relays
         #: The world settings relays are made with (see ``world.py``); ``None``: runs share the host's.
         self.world = dict(world) if world is not None else None
         #: Called by :meth:`close` after the launcher stopped (what its relays' worlds rest on).
@@ -98,6 +106,8 @@ class Launcher:
         cpus = program_cpus()
         if cpus is not None:  # a worker kept to its share: the programs get every core back
             argv.append(f"--cpus={format_cpus(cpus)}")
+        if not self.pin_relays:
+            argv.append("--relays-roam")
         world_read: int | None = None
         if self.world is not None:
             # On a pipe rather than the command line, which every forked program would show.

@@ -84,6 +84,8 @@ if __name__ == "__main__":
     for option in sys.argv[2:]:
         if option.startswith("--cpus="):
             state.PROGRAM_CPUS = {int(cpu) for cpu in option.removeprefix("--cpus=").split(",")}
+        elif option == "--relays-roam":
+            state.RELAYS_ROAM = True
         elif option.startswith("--world-fd="):
             # On a pipe, not on the command line: a program must not read in its /proc/self/cmdline
             # (the launcher's, for a forked one) what is hidden from it.

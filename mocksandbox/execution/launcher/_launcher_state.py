@@ -8,8 +8,11 @@ the value set later (at the launcher's start, in a new relay, for the run being 
 # -- set once, at the launcher's start (__main__ and _launcher_serve.serve) --------------------------
 
 #: The cores programs get back when the server keeps the launcher to a share of them (--cpus=,
-#: ``0,1,3``; see ``mocksandbox/execution/affinity.py``), else ``None``: programs inherit ours.
+#: ``0,1,3``; see ``mocksandbox/execution/affinity.py``), or relays each to one (the launcher's
+#: own: ``_launcher_serve.RelayCores``), else ``None``: programs inherit ours.
 PROGRAM_CPUS = None
+#: Relays left to move between cores (--relays-roam; else each is kept to one: ``RelayCores``).
+RELAYS_ROAM = False
 #: The libc calls (``Syscalls``), bound once in the launcher where ctypes is (worlds need them;
 #: warm Python programs use them for their command line).
 SYSCALLS = None
@@ -29,6 +32,8 @@ USERS_ERROR = None
 PROGRAM_STDIO: tuple = ()
 #: The default stack size of new threads (``ThreadStackDefault``), set by ``serve``.
 THREAD_STACKS = None
+#: The cores each new relay keeps to in turn, one each (``RelayCores``), set by ``serve``.
+RELAY_CORES = None
 
 # -- set in a relay ------------------------------------------------------------------------------
 
