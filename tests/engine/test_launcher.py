@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -322,13 +323,15 @@ def _cores(listed: str) -> set[int]:
 
 
 def test_relays_keep_to_a_core_each_in_turn_and_their_programs_to_none(
-    launcher: Launcher, tmp_path: Path
+    launcher: Launcher, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each relay is kept to one core, the next relay to the next core; a program starts on its
-    relay's core but may use every core the launcher may (as a spawned one may)."""
+    """Each relay is kept to one core, the next relay to the next core (where the server does not
+    say which: see the next test); a program starts on its relay's core but may use every core
+    the launcher may (as a spawned one may)."""
     everything = os.sched_getaffinity(0)
     if len(everything) < 2:
         pytest.skip("one core: relays are left where they are")
+    monkeypatch.setattr(launcher, "_core_now", None)
     say = "grep Cpus_allowed_list: /proc/$PPID/status /proc/self/status | cut -f2"
     # The first run waits, so that the second needs a relay of its own.
     first = _launch(launcher, _request(tmp_path, f"{say}; while [ ! -e go ]; do sleep 0.01; done"))
@@ -363,3 +366,48 @@ def test_relays_told_to_roam_keep_to_no_core(tmp_path: Path) -> None:
     finally:
         roaming.close()
     assert _cores(said.decode()) == os.sched_getaffinity(0)
+
+
+@contextmanager
+def _pinned(core: int) -> Iterator[None]:
+    """This thread kept to ``core`` (its own affinity only), then to every core again."""
+    everything = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {core})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, everything)
+
+
+def test_a_run_goes_to_a_relay_on_the_core_of_the_thread_that_sends_it(
+    launcher: Launcher, tmp_path: Path
+) -> None:
+    """A relay is made on the sending thread's core, and an idle one there is taken before the
+    last one idle."""
+    everything = sorted(os.sched_getaffinity(0))
+    if len(everything) < 2:
+        pytest.skip("one core: relays are left where they are")
+    say = "grep -h Cpus_allowed_list: /proc/$PPID/status | cut -f2; echo $PPID"
+    one, other = everything[-1], everything[0]  # (not the order relays take cores in by turns)
+    with _pinned(one):  # (its relay kept busy, so that the next run needs one of its own)
+        busy = _launch(launcher, _request(tmp_path, f"{say}; while [ ! -e go ]; do sleep 0.01; done"))
+    with _pinned(other):
+        said_other, _ = _run(launcher, _request(tmp_path, say))
+    (tmp_path / "go").touch()
+    relay, stdout_r, stderr_r, status_r = busy
+    try:
+        while os.read(status_r, 64):
+            pass
+        said_one = os.read(stdout_r, 65536)
+    finally:
+        for fd in (status_r, stdout_r, stderr_r):
+            os.close(fd)
+    launcher.release(relay, True)  # (now the last relay idle: the one on the first core)
+    with _pinned(other):
+        said_again, _ = _run(launcher, _request(tmp_path, say))
+    relays = []
+    for said in (said_one, said_other, said_again):
+        cores, pid = said.decode().split()
+        relays.append((_cores(cores), int(pid)))
+    assert [cores for cores, _ in relays] == [{one}, {other}, {other}]
+    assert relays[2][1] == relays[1][1] != relays[0][1]

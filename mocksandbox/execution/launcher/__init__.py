@@ -9,6 +9,7 @@ that process never runs) imports none of them but ``_launcher_syscalls``, which 
 from __future__ import annotations
 
 import array
+import ctypes
 import json
 import os
 import socket
@@ -37,6 +38,8 @@ LAUNCHER_DIR = Path(__file__).parent
 LAUNCHER_MAIN = LAUNCHER_DIR / "__main__.py"
 #: Idle relays kept for the next runs (about the most runs in flight at once); more are let go.
 IDLE_RELAYS = 64
+#: How many of the most recently idle relays a run looks through for one on its thread's core.
+_SAME_CORE_LOOKS = 8
 
 
 class LauncherError(RuntimeError):
@@ -65,6 +68,25 @@ def launcher_env(env: Mapping[str, str]) -> dict[str, str]:
     return {**env, "LD_BIND_NOW": "1", BIND_NOW_MARKER: "1"}
 
 
+def _core_reader() -> Callable[[], int] | None:
+    """``sched_getcpu``: the core the calling thread runs on (glibc reads it from the thread's
+    rseq area or the vDSO, no system call), called holding the GIL; ``None`` where there is none,
+    or one core only."""
+    if len(os.sched_getaffinity(0)) < 2:
+        return None
+    try:
+        function = ctypes.PyDLL(None).sched_getcpu
+    except (OSError, AttributeError):
+        return None
+    function.restype = ctypes.c_int
+    function.argtypes = []
+    return function
+
+
+#: The core of the calling thread (see :func:`_core_reader`), or ``None``.
+_current_core = _core_reader()
+
+
 class Launcher:
     """One launcher process, restarted when it dies. Thread-safe."""
 
@@ -79,6 +101,9 @@ class Launcher:
         self.env = dict(env)
         #: Whether each relay is kept to one core (``_launcher_serve.RelayCores``), or roams.
         self.pin_relays = pin_relays
+        #: Where relays keep to cores: the core of each, so that a run goes to a relay on the core
+        #: of the thread that sends it (see :meth:`launch`).
+        self._core_now = _current_core if pin_relays else None
         #: The world settings relays are made with (see ``world.py``); ``None``: runs share the host's.
         self.world = dict(world) if world is not None else None
         #: Called by :meth:`close` after the launcher stopped (what its relays' worlds rest on).
@@ -96,6 +121,7 @@ class Launcher:
         #: they serve runs that ask for one (``request["world"]``) and no others.
         self._idle_world_relays: list[socket.socket] = []
         self._world_relays: set[socket.socket] = set()
+        self._relay_cores: dict[socket.socket, int] = {}  # (see _core_now)
         self._closed = False
         self.restarts = 0
 
@@ -168,7 +194,16 @@ class Launcher:
     def launch(self, request: Mapping[str, Any], fds: list[int]) -> socket.socket:
         """Send one run (stdin, stdout, stderr and status descriptors attached) to an idle relay,
         or to the launcher, which forks a new relay for it. Returns the relay's socket: give it
-        back with :meth:`release` once the run's status pipe is closed."""
+        back with :meth:`release` once the run's status pipe is closed.
+
+        Where relays keep to cores, the run goes to an idle relay of this thread's core if one of
+        the last few idle ones is, and a new relay is made on this core: the relay, its program
+        and, as the program's output wakes it, this thread then work on one core, each reading
+        what the one before it just wrote from that core's cache (A/B, verl-like runs at
+        concurrency 16: -1.4% and -1.4% of a run's CPU in the two orders, req/s +4%)."""
+        core = self._core_now() if self._core_now is not None else -1
+        if core >= 0:
+            request = {**request, "core": core}  # (for the launcher, if it makes the relay)
         message = json.dumps(request).encode()
         if len(message) > SOURCE_MESSAGE_LIMIT and request.get("source") is not None:
             # A run's message must fit the socket's buffer: a large program compiles its file itself.
@@ -178,7 +213,15 @@ class Launcher:
         idle = self._idle_world_relays if in_world else self._idle_relays
         while True:
             with self._lock:
-                relay = idle.pop() if idle else None
+                relay = None
+                if idle and core >= 0:
+                    cores = self._relay_cores
+                    for index in range(len(idle) - 1, max(-1, len(idle) - 1 - _SAME_CORE_LOOKS), -1):
+                        if cores.get(idle[index]) == core:
+                            relay = idle.pop(index)
+                            break
+                if relay is None:
+                    relay = idle.pop() if idle else None
             if relay is None:
                 break
             try:
@@ -188,8 +231,10 @@ class Launcher:
                 self._close_relay(relay)  # it died between runs (killed from outside): try another
                 self._relay_lost()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        if in_world:
-            with self._lock:
+        with self._lock:
+            if core >= 0:
+                self._relay_cores[ours] = core
+            if in_world:
                 self._world_relays.add(ours)
         try:
             with_relay = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [*fds, theirs.fileno()]))]
@@ -204,6 +249,7 @@ class Launcher:
     def _close_relay(self, relay: socket.socket) -> None:
         with self._lock:
             self._world_relays.discard(relay)
+            self._relay_cores.pop(relay, None)
         relay.close()
 
     def release(self, relay: socket.socket, reusable: bool) -> None:

@@ -96,10 +96,14 @@ class RelayCores:
         if self.cores and state.PROGRAM_CPUS is None:
             state.PROGRAM_CPUS = set(self.cores)
 
-    def next_core(self) -> "int | None":
-        """The core of the relay about to be forked (in the launcher), or ``None``."""
+    def next_core(self, asked: "int | None" = None) -> "int | None":
+        """The core of the relay about to be forked (in the launcher): the one ``asked`` for by the
+        server (the core its thread runs on: ``Launcher.launch``), else the next in turn; or
+        ``None``."""
         if not self.cores:
             return None
+        if asked in self.cores:
+            return asked
         core = self.cores[self._next % len(self.cores)]
         self._next += 1
         return core
@@ -197,7 +201,7 @@ def serve(sock: _socket.socket, baseline_modules: frozenset) -> None:
                 report_launch_error(fds[3], 1)
                 close_all(fds)
                 continue
-            core = state.RELAY_CORES.next_core()
+            core = state.RELAY_CORES.next_core(request.get("core"))
             try:
                 # A relay serves runs of one kind: in worlds (it lives in one) or on the host.
                 pid = fork_relay(own_pid_namespace if in_world else None)
