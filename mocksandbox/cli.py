@@ -304,8 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--pin-workers",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="with --workers N: keep each worker, its launcher and relays to its share of the usable "
-        "cores (default: on; user programs always get every core)",
+        help="keep each relay to one core (a run to a relay on its server thread's core) and, with "
+        "--workers N, each worker, its launcher and relays to its share of the usable cores "
+        "(default: on; user programs always get every core)",
     )
     serve.add_argument(
         "--allow-host",

@@ -197,10 +197,11 @@ class Launcher:
         back with :meth:`release` once the run's status pipe is closed.
 
         Where relays keep to cores, the run goes to an idle relay of this thread's core if one of
-        the last few idle ones is, and a new relay is made on this core: the relay, its program
-        and, as the program's output wakes it, this thread then work on one core, each reading
-        what the one before it just wrote from that core's cache (A/B, verl-like runs at
-        concurrency 16: -1.4% and -1.4% of a run's CPU in the two orders, req/s +4%)."""
+        the last few idle ones is (else to the last one idle), and a relay made for it is made on
+        this core: the relay, its program and, as the program's output wakes it, this thread then
+        work on one core, each reading what the one before it just wrote from that core's cache
+        (A/B, verl-like runs at concurrency 16: -1.4% and -1.4% of a run's CPU in the two orders,
+        req/s +4%)."""
         core = self._core_now() if self._core_now is not None else -1
         if core >= 0:
             request = {**request, "core": core}  # (for the launcher, if it makes the relay)

@@ -74,10 +74,11 @@ class RelayCores:
     program's first work is to read those pages, and to copy each one it writes. Left to itself,
     the kernel puts each new process on the idlest core, where the program then reads the relay's
     pages from the other core's cache. A relay kept to one core has its program start where they
-    are: about 3% less CPU a run, measured on this project's 2-core VM (verl-like runs, at
-    concurrency 16 and at 1). The program is put back on every core the server may use before
-    anything of the user's runs, as a spawned program has them (``os.sched_getaffinity``,
-    ``nproc``); a relay, which works a few hundred microseconds a run, waits its turn on its core.
+    are: about 2% less CPU a run, measured on this project's 2-core VM (verl-like runs, A/B at
+    concurrency 16 in both orders; as much at concurrency 1). The program is put back on every
+    core the server may use before anything of the user's runs, as a spawned program has them
+    (``os.sched_getaffinity``, ``nproc``); a relay, which works a few hundred microseconds a run,
+    waits its turn on its core.
     Nothing is kept where the launcher has one core, or may not set affinities, or was told to
     let relays roam (``--relays-roam``: the setting ``pin_workers: false``, for cores that other
     busy processes share)."""
