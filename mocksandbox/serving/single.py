@@ -291,8 +291,8 @@ class _Acceptors(_ConnectionThreads):
         server = self._server
         listener = server.socket
         # ``listener.accept()``, as socket.py makes it, but for the new socket's family and type:
-        # those are asked of the listener, as enums, for each connection (a tenth of the Python
-        # calls of a short request); here, once, as numbers.
+        # those are asked of the listener, as enums, for each connection (about ten of a short
+        # request's 330 Python calls); here, once, as numbers.
         family, kind, proto = int(listener.family), int(listener.type), listener.proto
         while True:
             try:
