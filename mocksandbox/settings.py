@@ -124,10 +124,10 @@ class Settings(BaseModel):
     #: usable core). Each has its own launcher and confinement; see ``mocksandbox.serving.workers``.
     workers: int | Literal["auto"] = 1
     #: With several workers, keep each worker (its launcher and relays too) to its share of the
-    #: usable cores; and each relay to one core of its launcher's, the relays in turn (a program
-    #: then starts where its relay's pages are). User programs still get every core. Less CPU per
-    #: request (no wake-ups bounced between cores); turn it off when other busy processes share
-    #: these cores.
+    #: usable cores; and each relay to one core, a run going to a relay on the core of the server
+    #: thread that sends it (its program then starts where its relay's pages are). User programs
+    #: still get every core. Less CPU per request (no wake-ups bounced between cores); turn it off
+    #: when other busy processes share these cores.
     pin_workers: bool = True
 
     # -- the fixture framework's extras --------------------------------------------------------
