@@ -313,6 +313,26 @@ def test_a_large_source_is_not_sent_and_its_program_still_runs(launcher: Launche
     assert (stdout, stderr, code) == (b"big\n", b"", 0)
 
 
+#: A command's end that waits until the test makes ``go`` in the run's dir (:func:`_let_go`).
+_WAIT_FOR_GO = "while [ ! -e go ]; do sleep 0.01; done"
+
+
+def _let_go(launcher: Launcher, launched: tuple[socket.socket, int, int, int], run_dir: Path) -> bytes:
+    """Let a run that waits with :data:`_WAIT_FOR_GO` (as :func:`_launch` sent it) end; its stdout,
+    read once its relay has said so (the relay given back)."""
+    (run_dir / "go").touch()
+    relay, stdout_r, stderr_r, status_r = launched
+    try:
+        while os.read(status_r, 64):
+            pass
+        said = os.read(stdout_r, 65536)
+    finally:
+        for fd in (status_r, stdout_r, stderr_r):
+            os.close(fd)
+    launcher.release(relay, True)
+    return said
+
+
 def _cores(listed: str) -> set[int]:
     """``Cpus_allowed_list`` (``0-2,5``) as a set."""
     cores: set[int] = set()
@@ -334,18 +354,9 @@ def test_relays_keep_to_a_core_each_in_turn_and_their_programs_to_none(
     monkeypatch.setattr(launcher, "_core_now", None)
     say = "grep Cpus_allowed_list: /proc/$PPID/status /proc/self/status | cut -f2"
     # The first run waits, so that the second needs a relay of its own.
-    first = _launch(launcher, _request(tmp_path, f"{say}; while [ ! -e go ]; do sleep 0.01; done"))
+    first = _launch(launcher, _request(tmp_path, f"{say}; {_WAIT_FOR_GO}"))
     second, _ = _run(launcher, _request(tmp_path, say))
-    (tmp_path / "go").touch()
-    relay, stdout_r, stderr_r, status_r = first
-    try:
-        while os.read(status_r, 64):
-            pass
-        said_first = os.read(stdout_r, 65536)
-    finally:
-        for fd in (status_r, stdout_r, stderr_r):
-            os.close(fd)
-    launcher.release(relay, True)
+    said_first = _let_go(launcher, first, tmp_path)
     relays, programs = [], []
     for said in (said_first, second):
         relay_cores, program_cores = said.decode().split()
@@ -390,19 +401,10 @@ def test_a_run_goes_to_a_relay_on_the_core_of_the_thread_that_sends_it(
     say = "grep -h Cpus_allowed_list: /proc/$PPID/status | cut -f2; echo $PPID"
     one, other = everything[-1], everything[0]  # (not the order relays take cores in by turns)
     with _pinned(one):  # (its relay kept busy, so that the next run needs one of its own)
-        busy = _launch(launcher, _request(tmp_path, f"{say}; while [ ! -e go ]; do sleep 0.01; done"))
+        busy = _launch(launcher, _request(tmp_path, f"{say}; {_WAIT_FOR_GO}"))
     with _pinned(other):
         said_other, _ = _run(launcher, _request(tmp_path, say))
-    (tmp_path / "go").touch()
-    relay, stdout_r, stderr_r, status_r = busy
-    try:
-        while os.read(status_r, 64):
-            pass
-        said_one = os.read(stdout_r, 65536)
-    finally:
-        for fd in (status_r, stdout_r, stderr_r):
-            os.close(fd)
-    launcher.release(relay, True)  # (now the last relay idle: the one on the first core)
+    said_one = _let_go(launcher, busy, tmp_path)  # (now the last relay idle: the first core's)
     with _pinned(other):
         said_again, _ = _run(launcher, _request(tmp_path, say))
     relays = []
