@@ -87,6 +87,15 @@ def _core_reader() -> Callable[[], int] | None:
 _current_core = _core_reader()
 
 
+def _run_message(request: Mapping[str, Any]) -> bytes:
+    """A run's message: the request as JSON, without its source where the whole would not fit the
+    socket's buffer (a large program compiles its file itself)."""
+    message = json.dumps(request).encode()
+    if len(message) > SOURCE_MESSAGE_LIMIT and request.get("source") is not None:
+        message = json.dumps({**request, "source": None}).encode()
+    return message
+
+
 class Launcher:
     """One launcher process, restarted when it dies. Thread-safe."""
 
@@ -203,26 +212,13 @@ class Launcher:
         (A/B, verl-like runs at concurrency 16: -1.4% and -1.4% of a run's CPU in the two orders,
         req/s +4%)."""
         core = self._core_now() if self._core_now is not None else -1
-        if core >= 0:
-            request = {**request, "core": core}  # (for the launcher, if it makes the relay)
-        message = json.dumps(request).encode()
-        if len(message) > SOURCE_MESSAGE_LIMIT and request.get("source") is not None:
-            # A run's message must fit the socket's buffer: a large program compiles its file itself.
-            message = json.dumps({**request, "source": None}).encode()
+        message = _run_message(request)
         ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
         in_world = request.get("world") is not None
         idle = self._idle_world_relays if in_world else self._idle_relays
         while True:
             with self._lock:
-                relay = None
-                if idle and core >= 0:
-                    cores = self._relay_cores
-                    for index in range(len(idle) - 1, max(-1, len(idle) - 1 - _SAME_CORE_LOOKS), -1):
-                        if cores.get(idle[index]) == core:
-                            relay = idle.pop(index)
-                            break
-                if relay is None:
-                    relay = idle.pop() if idle else None
+                relay = self._take_idle(idle, core)
             if relay is None:
                 break
             try:
@@ -237,6 +233,8 @@ class Launcher:
                 self._relay_cores[ours] = core
             if in_world:
                 self._world_relays.add(ours)
+        if core >= 0:  # (the launcher makes the relay on this core; a relay has no use for it)
+            message = _run_message({**request, "core": core})
         try:
             with_relay = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [*fds, theirs.fileno()]))]
             self._send_to_launcher(message, with_relay)
@@ -246,6 +244,18 @@ class Launcher:
         finally:
             theirs.close()
         return ours
+
+    def _take_idle(self, idle: list[socket.socket], core: int) -> socket.socket | None:
+        """An idle relay for a run sent from ``core`` (-1: unknown), taken off ``idle``: one of that
+        core's among the last few idle, else the last one idle; ``None`` if none is. Call it
+        holding the lock."""
+        if not idle:
+            return None
+        if core >= 0:
+            for index in range(len(idle) - 1, max(-1, len(idle) - 1 - _SAME_CORE_LOOKS), -1):
+                if self._relay_cores.get(idle[index]) == core:
+                    return idle.pop(index)
+        return idle.pop()
 
     def _close_relay(self, relay: socket.socket) -> None:
         with self._lock:

@@ -78,10 +78,9 @@ class RelayCores:
     concurrency 16 in both orders; as much at concurrency 1). The program is put back on every
     core the server may use before anything of the user's runs, as a spawned program has them
     (``os.sched_getaffinity``, ``nproc``); a relay, which works a few hundred microseconds a run,
-    waits its turn on its core.
-    Nothing is kept where the launcher has one core, or may not set affinities, or was told to
-    let relays roam (``--relays-roam``: the setting ``pin_workers: false``, for cores that other
-    busy processes share)."""
+    waits its turn on its core. Nothing is kept where the launcher has one core, or may not set
+    affinities, or was told to let relays roam (``--relays-roam``: the setting ``pin_workers:
+    false``, for cores that other busy processes share)."""
 
     def __init__(self) -> None:
         #: The cores relays are kept to in turn (none: relays are left where they are).

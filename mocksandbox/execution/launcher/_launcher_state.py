@@ -32,7 +32,8 @@ USERS_ERROR = None
 PROGRAM_STDIO: tuple = ()
 #: The default stack size of new threads (``ThreadStackDefault``), set by ``serve``.
 THREAD_STACKS = None
-#: The cores each new relay keeps to in turn, one each (``RelayCores``), set by ``serve``.
+#: The core each new relay keeps to: the one the server asks for, else the next in turn
+#: (``RelayCores``), set by ``serve``.
 RELAY_CORES = None
 
 # -- set in a relay ------------------------------------------------------------------------------
