@@ -36,6 +36,7 @@ def run_relay(sock: _socket.socket, request: dict, fds: list, ran_fd: int) -> No
     at a time, until the server closes it; never returns."""
     _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)  # the launcher ignores it; we must wait
     state.RELAY_SOCKET = sock
+    state.RELAY_PID = os.getpid()
     _signal.signal(_signal.SIGIO, end_the_run)  # (a world's relay sets it again, as its PID 1)
     if state.WORLD_CONFIG is not None and request.get("world") is not None:
         try:
@@ -107,7 +108,7 @@ def _relay_one_run(request: dict, fds: list, sock: _socket.socket) -> None:
             watching = True
             server_gone = watch_server(sock)
         try:
-            pid = os.fork()
+            pid = state.SYSCALLS.fork() if state.SYSCALLS is not None else os.fork()
         except BaseException:
             forget_program(prepared)
             raise

@@ -42,6 +42,9 @@ RELAY_CORES = None
 WORLD = None
 #: This relay's socket with the server (for ``end_the_run``), once it is a relay.
 RELAY_SOCKET = None
+#: This relay's pid (as its own PID namespace numbers it): ``end_the_run`` acts in the relay only,
+#: never in a program that inherited a signal it had pending (``Syscalls.fork``).
+RELAY_PID: "int | None" = None
 #: That socket's flags with and without ``O_ASYNC``, once its owner is set (one socket a relay).
 RELAY_SOCKET_FLAGS: "tuple | None" = None
 #: The status pipe of the run this relay is watching (for ``end_the_run``), while it watches.

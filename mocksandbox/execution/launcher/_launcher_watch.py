@@ -81,8 +81,11 @@ def end_the_run(signum: int, frame: object) -> None:
     run it carries and turns the socket's SIGIO on, and the late wake-up then lands in that run
     (seen: 1 run in 2000-4000 at concurrency 1 on a 2-core VM, answered -9). A program may also
     send it to its PID 1, as to any init, which ignores it. A kernel's world (no relay socket)
-    ignores it too."""
-    if state.RELAY_SOCKET is None or not server_left(state.RELAY_SOCKET):
+    ignores it too. A program whose relay forked it with that signal pending (``Syscalls.fork``)
+    runs this handler until it sets its own: there it does nothing."""
+    if os.getpid() != state.RELAY_PID or state.RELAY_SOCKET is None:
+        return
+    if not server_left(state.RELAY_SOCKET):
         return
     say_ended_by_relay(signum)
     if state.WATCHED_PID is not None:  # a run on the host: never -1, which is every process we may signal
