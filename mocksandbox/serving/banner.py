@@ -4,6 +4,8 @@ the three shapes share (stopping on Ctrl-C and SIGTERM alike)."""
 
 from __future__ import annotations
 
+import atexit
+import os
 import shutil
 import signal
 import sys
@@ -31,16 +33,36 @@ def stop_on_signals(*signals: int) -> threading.Event:
     <mocksandbox.serving.single.MockServer.stop_requested>`). The exception alone is not enough:
     one raised while the main thread runs a finalizer (a ``__del__``, a weakref callback, under
     garbage collection) is printed as "Exception ignored" and dropped by Python, and the server
-    would serve on."""
+    would serve on.
+
+    Only the first signal raises: a second (Ctrl-C pressed twice, or a SIGTERM from ``timeout`` and
+    another from ``kill``) would otherwise break off the stop it is in, between closing the launcher
+    and removing the runs' files, and leave them behind with a traceback. It is said, and that
+    signal is ignored from then on; so are all of them once the process exits (``atexit``): the
+    interpreter's end puts a Python handler back to the default, and a late signal would kill the
+    process that had stopped cleanly."""
     stop = threading.Event()
 
     def interrupt(signum: int, frame: object) -> None:
-        stop.set()
-        raise KeyboardInterrupt
+        if not stop.is_set():
+            stop.set()
+            raise KeyboardInterrupt
+        signal.signal(signum, signal.SIG_IGN)
+        try:  # (not print: a handler may run in the middle of another print)
+            os.write(2, b"mocksandbox: still stopping (ending runs, removing their files)\n")
+        except OSError:
+            pass
 
-    for signum in signals or (signal.SIGINT, signal.SIGTERM):
+    signals = signals or (signal.SIGINT, signal.SIGTERM)
+    for signum in signals:
         signal.signal(signum, interrupt)
+    atexit.register(_ignore, signals)
     return stop
+
+
+def _ignore(signals: tuple[int, ...]) -> None:
+    for signum in signals:
+        signal.signal(signum, signal.SIG_IGN)
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,17 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from mocksandbox.serving.banner import stop_on_signals
 from mocksandbox.serving.single import MockServer
+from tests.server.serve_process import is_alive, start_serve, stdout_of, stop_serve
 
 
 def _app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
@@ -92,3 +96,37 @@ def test_each_signal_named_stops_and_no_other(own_stop_signals: None) -> None:
         for _ in range(1000):
             pass
     assert stop.is_set()
+
+
+def test_only_the_first_stop_signal_breaks_off_what_runs(own_stop_signals: None) -> None:
+    """A second signal (Ctrl-C twice) must not break off the stop the first began."""
+    stop = stop_on_signals(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGTERM)
+        for _ in range(1000):
+            pass
+    signal.raise_signal(signal.SIGTERM)
+    for _ in range(1000):
+        pass
+    assert stop.is_set()
+
+
+def test_signals_that_keep_coming_while_the_server_stops_leave_nothing_behind(tmp_path: Path) -> None:
+    """Ctrl-C again and again until ``serve`` has stopped: it stops as after one, without a
+    traceback, its launcher and relays gone and its runs' files removed."""
+    server = start_serve(runs_dir=tmp_path)
+    assert stdout_of(server.run("print(1)")) == "1\n"
+    children = psutil.Process(server.process.pid).children(recursive=True)
+    assert children  # (its launcher and relays)
+    deadline = time.monotonic() + 60
+    while server.process.poll() is None and time.monotonic() < deadline:
+        server.process.send_signal(signal.SIGINT)
+        time.sleep(0.005)
+    if server.process.poll() is None:
+        stop_serve(server.process)
+        pytest.fail("the server did not stop")
+    said = server.process.stdout.read() if server.process.stdout is not None else ""
+    assert server.process.returncode == 0, said
+    assert "Traceback" not in said, said
+    assert not [child for child in children if is_alive(child)]
+    assert list(tmp_path.iterdir()) == [], "the stopped server left temp dirs behind"
