@@ -37,6 +37,7 @@ SERVE_OPTIONS: dict[str, str] = {
     "allow_any_host": "allow_any_host",
     "workers": "workers",
     "pin_workers": "pin_workers",
+    "starting_runs": "starting_runs",
     "faults_file": "faults",
     "max_in_flight": "max_in_flight",
     "overload": "overload",
@@ -307,6 +308,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep each relay to one core (a run to a relay on its server thread's core) and, with "
         "--workers N, each worker, its launcher and relays to its share of the usable cores "
         "(default: on; user programs always get every core)",
+    )
+    serve.add_argument(
+        "--starting-runs",
+        type=int,
+        metavar="N",
+        help="runs that may be starting at once (their first 20 ms, starting_run_ms), the others "
+        "waiting their turn: less CPU a run under load (default: one per usable core; 0: no limit)",
     )
     serve.add_argument(
         "--allow-host",

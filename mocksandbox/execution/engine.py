@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import mocksandbox
 from mocksandbox import divergence
+from mocksandbox.execution.affinity import usable_cpus
 from mocksandbox.execution.budget import MemoryBudget, ProcessBudget
 from mocksandbox.execution.confinement import Confinement, create_confinement
 from mocksandbox.execution.languages import (
@@ -27,6 +28,7 @@ from mocksandbox.execution.languages import (
 )
 from mocksandbox.execution.launcher import Launcher, LauncherError
 from mocksandbox.execution.process import CommandSpec, ProcessRunner
+from mocksandbox.execution.run_gate import RunGate
 from mocksandbox.execution.startup_proof import Proof, StartupProbe
 from mocksandbox.execution.syscall_filter import FilterUnavailable, compile_run_filter
 from mocksandbox.execution.workdirs import WorkdirPool, make_temp_file
@@ -677,10 +679,17 @@ def _start_engine(
                 break
     launcher = Launcher(settings.python, env, pin_relays=settings.pin_workers)
     launcher.start()
-    runner = ProcessRunner(confinement, launcher, settings.max_output_bytes)
+    runner = ProcessRunner(confinement, launcher, settings.max_output_bytes, run_gate(settings))
     why_none = "" if settings.isolation == "none" else reason or ""
     isolation = Isolation("none", "host", why_none, (), hidden_variables)
     return ExecutionEngine(settings, runner, confinement.describe(), isolation), confinement, launcher
+
+
+def run_gate(settings: Settings) -> RunGate | None:
+    """The gate on runs starting at once that ``settings`` ask for (``starting_runs``: by default
+    one place per core this process may use), or ``None`` for none."""
+    places = settings.starting_runs if settings.starting_runs is not None else len(usable_cpus())
+    return RunGate(places, settings.starting_run_ms / 1000) if places > 0 else None
 
 
 def why_no_idmapped_mounts(exc: BaseException) -> str:
@@ -782,7 +791,7 @@ def _start_lite(
             syscall_filter_reason=filter_reason,
             without_idmapped_mounts=without_idmap if run_uid is not None and os.geteuid() == 0 else "",
         )
-        runner = ProcessRunner(confinement, launcher, settings.max_output_bytes)
+        runner = ProcessRunner(confinement, launcher, settings.max_output_bytes, run_gate(settings))
         engine = ExecutionEngine(settings, runner, confinement.describe(), isolation, runs_root, world)
         engine.prove_isolation(confinement)
         return engine, launcher

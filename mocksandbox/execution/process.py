@@ -31,6 +31,7 @@ from mocksandbox import divergence
 from mocksandbox.divergence import SANDBOXFUSION_READER_PAUSE_BYTES
 from mocksandbox.execution.confinement import Confinement, ProcessGroupJail, RunJail
 from mocksandbox.execution.launcher import Launcher, close_quietly
+from mocksandbox.execution.run_gate import RunGate
 from mocksandbox.models import CommandRunResult, CommandRunStatus
 
 _READ_CHUNK = 64 * 1024
@@ -253,12 +254,16 @@ class _PipePoll:
 
 
 class ProcessRunner:
-    """Runs commands through the launcher under a :class:`Confinement`, capturing capped output."""
+    """Runs commands through the launcher under a :class:`Confinement`, capturing capped output;
+    with a :class:`RunGate`, no more runs starting at once than it lets start."""
 
-    def __init__(self, confinement: Confinement, launcher: Launcher, max_output_bytes: int) -> None:
+    def __init__(
+        self, confinement: Confinement, launcher: Launcher, max_output_bytes: int, gate: RunGate | None = None
+    ) -> None:
         self.confinement = confinement
         self.launcher = launcher
         self.max_output_bytes = max_output_bytes
+        self.gate = gate
 
     def run(self, spec: CommandSpec) -> CommandRunResult:
         """Run ``spec``; never raises for anything the program does."""
@@ -273,7 +278,14 @@ class ProcessRunner:
                 stderr="",
             )
         try:
-            return self._run_with_retries(spec)
+            if self.gate is None:
+                return self._run_with_retries(spec)
+            # The wait for a place is before the run: its timeout starts after it.
+            ticket = self.gate.enter()
+            try:
+                return self._run_with_retries(spec)
+            finally:
+                self.gate.leave(ticket)
         except Exception as exc:  # the run could not be started: SandboxFusion reports an Error result
             return CommandRunResult(
                 status=CommandRunStatus.Error,

@@ -103,12 +103,18 @@ def host_lines(engine: ExecutionEngine, confinement: Confinement, settings: Sett
         f"  process budget: {confinement.budget.describe()}",
         f"  memory budget: {confinement.memory_budget.describe()}",
         f"  user python: {settings.python} (exec mode: {settings.exec_mode})",
+        f"  runs starting: {_starting_runs(engine)}",
         f"  python runtime: {engine.python_runtime.facts().describe()}",
     ]
     if shares_server_environment(settings.python):
         lines.append(f"  WARNING: {SHARES_SERVER_ENVIRONMENT}")
     lines.append(f"  runtime: {describe_runtime(settings)}")
     return lines
+
+
+def _starting_runs(engine: ExecutionEngine) -> str:
+    gate = getattr(engine.runner, "gate", None)
+    return "no limit (starting_runs: 0)" if gate is None else f"{gate.describe()} (starting_runs)"
 
 
 def short_lines(sandbox: MockSandbox, settings: Settings, backend: BackendProbe | None = None) -> list[str]:
