@@ -95,6 +95,12 @@ def wait_programs_in(runs_dir: Path, within: float = REAP_WITHIN_S) -> list[psut
         time.sleep(0.05)
 
 
+def fresh_marker() -> str:
+    """Six random digits, never fewer: a test's ``sleep 0.<marker>`` must be its own. (Unpadded,
+    ``0.6099`` was found in another process's command line: a browser's ``120.0.6099.224``.)"""
+    return f"{uuid.uuid4().int % 10**6:06d}"
+
+
 def wait_gone(marker: str, within: float = REAP_WITHIN_S) -> list[psutil.Process]:
     """Processes still carrying ``marker`` after the kernel had ``within`` seconds to reap them."""
     deadline = time.monotonic() + within
@@ -139,7 +145,7 @@ def test_fork_bomb_is_contained(sandbox: MockSandbox) -> None:
 
 def test_shell_fork_bomb_dies_with_its_run(sandbox: MockSandbox) -> None:
     needs_cgroup(sandbox, "bound the process count of a program running as root")
-    marker = f"{uuid.uuid4().int % 10**6}"
+    marker = fresh_marker()
     # The run ends when its shell has slept (up to 1 s) and echoed: 10 s leave room for that on a
     # loaded machine, where 2 s was thin (the bomb in the background does not wait it out).
     result = run(
@@ -199,7 +205,7 @@ def test_output_cap_does_not_split_a_character(sandbox: MockSandbox) -> None:
 
 
 def test_child_holding_the_pipe_does_not_hold_the_answer(sandbox: MockSandbox) -> None:
-    marker = f"{uuid.uuid4().int % 10**6}"
+    marker = fresh_marker()
     code = f"import subprocess\nsubprocess.Popen(['sleep', '30.{marker}'])\nprint('parent done')"
     result = run(sandbox, code)
     assert result.status == RunStatus.Success
@@ -210,7 +216,7 @@ def test_child_holding_the_pipe_does_not_hold_the_answer(sandbox: MockSandbox) -
 
 def test_orphan_that_left_the_session_is_killed(sandbox: MockSandbox) -> None:
     needs_cgroup(sandbox, "find a process that left the session after its parent exited")
-    marker = f"{uuid.uuid4().int % 10**6}"
+    marker = fresh_marker()
     # The run ends once the orphan's sleep has started (it says so on a pipe): a fixed pause could
     # end it first on a loaded machine, and the test would then prove nothing.
     code = (
@@ -233,7 +239,7 @@ def test_orphan_that_left_the_session_is_killed(sandbox: MockSandbox) -> None:
 
 
 def test_background_job_in_bash_is_killed(sandbox: MockSandbox) -> None:
-    marker = f"{uuid.uuid4().int % 10**6}"
+    marker = fresh_marker()
     result = run(sandbox, f"sleep 31.{marker} &\necho started", language="bash")
     assert result.status == RunStatus.Success
     assert wait_gone(f"31.{marker}") == []
@@ -291,7 +297,7 @@ def test_large_stdin_is_delivered_whole(sandbox: MockSandbox) -> None:
 
 
 def test_timeout_kills_the_whole_tree(sandbox: MockSandbox) -> None:
-    marker = f"{uuid.uuid4().int % 10**6}"
+    marker = fresh_marker()
     code = f"import subprocess, time\nsubprocess.Popen(['sleep', '50.{marker}'])\ntime.sleep(30)"
     result = run(sandbox, code, run_timeout=0.5)
     assert result.run_result is not None
@@ -306,7 +312,7 @@ def test_a_run_timed_out_before_its_program_started_leaves_nothing(sandbox: Mock
     program by it, and what that started with it, rather than leave them to run to their end.
     (Where the pid comes later still, the relay kills them once the server lets it go:
     ``test_launcher.py::test_a_host_relay_the_server_lets_go_mid_run_kills_its_program``.)"""
-    marker = f"{uuid.uuid4().int % 10**6}"
+    marker = fresh_marker()
     code = f"import subprocess, time\nsubprocess.Popen(['sleep', '50.{marker}'])\ntime.sleep(30)"
     result = run(sandbox, code, run_timeout=0.001)
     assert result.run_result is not None

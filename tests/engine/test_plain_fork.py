@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from test_launcher import _whole_run
 
 import mocksandbox.execution.launcher as launcher_package
 from mocksandbox.execution.engine import program_environment
@@ -85,8 +86,6 @@ def test_relays_fork_plainly_on_3_10_and_with_os_fork_after_it(python_310: str) 
 
 
 def test_a_plainly_forked_program_is_a_whole_interpreter(launcher_310: Launcher, tmp_path: Path) -> None:
-    from tests.engine.test_launcher import _whole_run
-
     script = tmp_path / "program.py"
     script.write_text(_WHOLE_INTERPRETER)
     request = {

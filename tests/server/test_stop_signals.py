@@ -17,10 +17,10 @@ from typing import Any
 
 import psutil
 import pytest
+from serve_process import is_alive, start_serve, stdout_of, stop_serve
 
 from mocksandbox.serving.banner import stop_on_signals
 from mocksandbox.serving.single import MockServer
-from tests.server.serve_process import is_alive, start_serve, stdout_of, stop_serve
 
 
 def _app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
