@@ -11,21 +11,18 @@ from pathlib import Path
 import pytest
 
 from mocksandbox.core import MockSandbox
+from mocksandbox.execution.run_gate import RunGate
 from mocksandbox.models import RunCodeRequest, RunCodeResponse
 from mocksandbox.settings import load_settings
 
 
 @pytest.fixture
 def one_at_a_time(tmp_path: Path) -> Iterator[MockSandbox]:
-    """An engine that lets one run start at a time, and counts a run as starting for 10 s."""
-    overrides = {
-        "tmp_root": str(tmp_path),
-        "confinement": "process-group",
-        "isolation": "none",
-        "starting_runs": 1,
-        "starting_run_ms": 10_000,
-    }
+    """An engine that lets one run start at a time, and counts a run as starting for an hour (no
+    place is given up by age while the test runs, however slow the machine)."""
+    overrides = {"tmp_root": str(tmp_path), "confinement": "process-group", "isolation": "none"}
     box = MockSandbox.create(load_settings(overrides=overrides))
+    box.engine.runner.gate = RunGate(1, 3600.0)
     yield box
     box.close()
 
