@@ -413,3 +413,23 @@ def test_a_run_goes_to_a_relay_on_the_core_of_the_thread_that_sends_it(
         relays.append((_cores(cores), int(pid)))
     assert [cores for cores, _ in relays] == [{one}, {other}, {other}]
     assert relays[2][1] == relays[1][1] != relays[0][1]
+
+
+def test_a_run_goes_to_the_core_with_fewest_runs_under_way(launcher: Launcher, tmp_path: Path) -> None:
+    """A run sent from a core that has one under way goes to a relay on a core that has none, and
+    back to the sender's core once the runs there are over."""
+    everything = sorted(os.sched_getaffinity(0))
+    if len(everything) < 2:
+        pytest.skip("one core: relays are left where they are")
+    say = "grep -h Cpus_allowed_list: /proc/$PPID/status | cut -f2"
+    one = everything[-1]
+    with _pinned(one):
+        busy = _launch(launcher, _request(tmp_path, f"{say}; {_WAIT_FOR_GO}"))
+        said_while_busy, _ = _run(launcher, _request(tmp_path, say))
+    said_busy = _let_go(launcher, busy, tmp_path)
+    with _pinned(one):
+        said_after, _ = _run(launcher, _request(tmp_path, say))
+    assert _cores(said_busy.decode()) == {one}
+    moved = _cores(said_while_busy.decode())
+    assert len(moved) == 1 and one not in moved, moved
+    assert _cores(said_after.decode()) == {one}
