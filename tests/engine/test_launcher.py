@@ -303,6 +303,32 @@ def test_a_source_that_does_not_compile_or_warns_is_left_to_the_program(
     assert stderr.rstrip().endswith(b"SyntaxError: '(' was never closed"), stderr
 
 
+def test_a_source_run_again_runs_under_its_own_file_name(launcher: Launcher, tmp_path: Path) -> None:
+    """The same source sent with runs of other files (verl's test cases of one program), which
+    its relay compiles once: each run's code, its functions', methods', lambdas' and
+    comprehensions' too, carries that run's file name, in what it sees and in its traceback."""
+    source = (
+        "import sys\n"
+        "def inner():\n"
+        "    return [f() for f in (lambda: sys._getframe(0).f_code.co_filename,)][0]\n"
+        "class Probe:\n"
+        "    def where(self):\n"
+        "        return sys._getframe(0).f_code.co_filename\n"
+        "print(__file__, sys._getframe(0).f_code.co_filename, inner(), Probe().where())\n"
+        "Probe().missing()\n"
+    )
+    for run in range(3):
+        script = tmp_path / f"run{run}" / "program.py"
+        script.parent.mkdir()
+        script.write_text("print('from the file')\n")
+        status, stdout, stderr = _whole_run(
+            launcher, _request(tmp_path, "", mode="python", argv=None, file=str(script), source=source)
+        )
+        assert status[:1] == b"P" and status[9:10] == b"S", status
+        assert stdout.decode().split() == [str(script)] * 4
+        assert f'File "{script}", line 8, in <module>' in stderr.decode(), stderr
+
+
 def test_a_large_source_is_not_sent_and_its_program_still_runs(launcher: Launcher, tmp_path: Path) -> None:
     """A run message must fit the socket's buffer: past ``SOURCE_MESSAGE_LIMIT`` the source stays
     behind and the program compiles its file."""
