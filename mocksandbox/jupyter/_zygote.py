@@ -24,6 +24,8 @@ Usage: ``python _zygote.py MARKER [--launcher-dir=DIR]`` (the marker, e.g. the p
 directory, only names this process and its kernels in ``ps``).
 """
 
+from __future__ import annotations
+
 import json
 import os
 import signal
@@ -352,7 +354,7 @@ def _serve(
     protocol_out: IO[str],
     launcher_path: str,
     kernels: list[int],
-    worlds: "_Worlds | None" = None,
+    worlds: _Worlds | None = None,
 ) -> None:
     """Fork a kernel for each request read, until the input closes; their pids go in ``kernels``
     (for a kernel in a world: its world's PID 1)."""

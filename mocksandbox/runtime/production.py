@@ -246,7 +246,8 @@ def interpreter_version(python: str, timeout: float = 30.0) -> tuple[int, int, i
         return version
     try:
         done = subprocess.run(
-            [python, "-c", "import sys; print(*sys.version_info[:3])"],
+            # (Written for any Python, 2.7 too: an old one must say what it is to be refused.)
+            [python, "-c", "import sys; print(' '.join(map(str, sys.version_info[:3])))"],
             capture_output=True,
             text=True,
             timeout=timeout,

@@ -534,13 +534,14 @@ def serve_single(settings: Settings, verbose: bool = False) -> int:
     from mocksandbox import __version__
     from mocksandbox.datasets import DatasetLoadError
     from mocksandbox.execution.engine import IsolationError
+    from mocksandbox.execution.launcher import LauncherError
     from mocksandbox.faults import FaultError
     from mocksandbox.serving.banner import sandbox_banner, stop_on_signals
     from mocksandbox.sessions import SessionError
 
     try:
         sandbox = MockSandbox.create(settings)
-    except (FaultError, SessionError, IsolationError) as exc:
+    except (FaultError, SessionError, IsolationError, LauncherError) as exc:
         print(f"mocksandbox: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:

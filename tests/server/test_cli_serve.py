@@ -83,6 +83,30 @@ def test_bad_fault_file_is_a_clear_error(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("python", ["old", "missing"])
+def test_a_python_the_runs_cannot_start_on_is_a_clear_error(tmp_path: Path, python: str) -> None:
+    """``--python`` naming an interpreter too old for the launcher (one that says it is 3.6.15,
+    as pyenv's does) or none at all: the server does not start, says why, and shows no
+    traceback; it used to start and answer every run -9, or to fail with a traceback."""
+    path = tmp_path / "python3.6"
+    if python == "old":
+        path.write_text("#!/bin/sh\necho 3 6 15\n")
+        path.chmod(0o755)
+    done = subprocess.run(
+        [sys.executable, "-m", "mocksandbox.cli", "serve", "--port", "0", "--python", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done
+    assert done.stderr.startswith("mocksandbox: "), done.stderr
+    if python == "old":
+        assert f"{path} is Python 3.6.15: runs need CPython 3.7 or later" in done.stderr
+    else:
+        assert f"cannot start the launcher with {path}" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_non_loopback_bind_warns_loudly() -> None:
     # 192.0.2.1 (TEST-NET-1) is on no interface here: the warning comes first, then a clean
     # "cannot listen" error; nothing ever listens beyond loopback.

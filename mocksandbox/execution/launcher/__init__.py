@@ -46,6 +46,12 @@ class LauncherError(RuntimeError):
     """The launcher could not be (re)started or reached."""
 
 
+#: The oldest CPython the launcher runs on (its dir's modules are written for it: ruff checks them
+#: against 3.8's syntax, tests run them on pyenv's 3.8 to 3.13, 3.7 was run by hand): a ``python``
+#: older than this is refused by :meth:`Launcher.start`, rather than every run ending -9.
+OLDEST_PYTHON = (3, 7)
+
+
 #: The largest run message that carries its program's source (``request["source"]``, which the
 #: relay compiles before its fork): a seqpacket message must fit the sender's socket buffer
 #: (``net.core.wmem_default``, 208 KiB on most hosts), and a larger program gains little.
@@ -200,10 +206,24 @@ class Launcher:
             raise LauncherError(f"the launcher did not start: {said.decode(errors='replace') or 'it exited'}")
 
     def start(self) -> None:
-        """Start the launcher now rather than on the first run (keeps the first answer fast)."""
+        """Start the launcher now rather than on the first run (keeps the first answer fast).
+        ``LauncherError`` where it cannot start: its ``python`` older than :data:`OLDEST_PYTHON`,
+        or not there."""
         with self._lock:
             if self._sock is None:
+                self._refuse_an_old_python()
                 self._start()
+
+    def _refuse_an_old_python(self) -> None:
+        from mocksandbox.runtime.production import interpreter_version
+
+        version = interpreter_version(self.python)
+        if version is not None and version[:2] < OLDEST_PYTHON:
+            oldest = ".".join(map(str, OLDEST_PYTHON))
+            raise LauncherError(
+                f"{self.python} is Python {'.'.join(map(str, version))}: runs need CPython {oldest} "
+                "or later (the launcher that starts them runs on it); name another with --python"
+            )
 
     def launch(self, request: Mapping[str, Any], fds: list[int]) -> socket.socket:
         """Send one run (stdin, stdout, stderr and status descriptors attached) to an idle relay,

@@ -83,13 +83,13 @@ if __name__ == "__main__":
     state.RECURSION.measure(state.RECURSION.read())  # read here, at module level: see measure()
     for option in sys.argv[2:]:
         if option.startswith("--cpus="):
-            state.PROGRAM_CPUS = {int(cpu) for cpu in option.removeprefix("--cpus=").split(",")}
+            state.PROGRAM_CPUS = {int(cpu) for cpu in option[len("--cpus=") :].split(",")}
         elif option == "--relays-roam":
             state.RELAYS_ROAM = True
         elif option.startswith("--world-fd="):
             # On a pipe, not on the command line: a program must not read in its /proc/self/cmdline
             # (the launcher's, for a forked one) what is hidden from it.
-            state.WORLD_CONFIG = parse_json(read_all(int(option.removeprefix("--world-fd="))))
+            state.WORLD_CONFIG = parse_json(read_all(int(option[len("--world-fd=") :])))
             if state.WORLD_CONFIG.get("userns") is not None:
                 try:
                     state.USERS = RunUsers(state.WORLD_CONFIG, state.SYSCALLS)

@@ -128,9 +128,7 @@ class RecursionDepth:
         one = _values_one_call_down(ints)
         two = _values_two_calls_down(ints)
         moving = [
-            field
-            for field, a, b, c in zip(ints, here, one, two, strict=True)
-            if b - a in (1, -1) and c - a == 2 * (b - a)
+            field for field, a, b, c in zip(ints, here, one, two) if b - a in (1, -1) and c - a == 2 * (b - a)
         ]
         if len(moving) == 1:
             self.field = moving[0]

@@ -82,7 +82,7 @@ def parse_json(data: bytes) -> object:
 _PEEK = bytearray(1)
 
 
-def receive(sock: _socket.socket, fd_count: int) -> tuple | None:
+def receive(sock: _socket.socket, fd_count: int) -> "tuple | None":
     """The next message on ``sock``: ``(request, fds)``, ``(None, [])`` for one that was not a
     run (reported on its status pipe where it had one), or ``None`` once the peer has closed."""
     # The message's length first (a seqpacket socket says it with MSG_TRUNC), so that its buffer
@@ -130,7 +130,7 @@ def read_all(fd: int) -> bytes:
         os.close(fd)
 
 
-def report_launch_error(status_fd: int, error: int | None) -> None:
+def report_launch_error(status_fd: int, error: "int | None") -> None:
     try:
         write_all(status_fd, STATUS_LAUNCH_ERROR + (error or 0).to_bytes(8, "little", signed=True))
     except OSError:

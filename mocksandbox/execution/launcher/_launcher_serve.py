@@ -46,12 +46,12 @@ class CgroupLockWarmer:
         self.until = 0.0
         self.pid = str(os.getpid()).encode()
 
-    def ran(self, procs_file: str | None) -> None:
+    def ran(self, procs_file: "str | None") -> None:
         if procs_file:
             self.procs_file = procs_file
             self.until = time.monotonic() + _WARM_FOR_S
 
-    def timeout(self) -> float | None:
+    def timeout(self) -> "float | None":
         """How long the launcher may wait for the next run before warming again."""
         return _WARM_EVERY_S if self.procs_file and time.monotonic() < self.until else None
 
