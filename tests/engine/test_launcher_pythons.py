@@ -17,6 +17,7 @@ import mocksandbox.jupyter as jupyter_package
 from mocksandbox.core import MockSandbox
 from mocksandbox.execution.engine import program_environment
 from mocksandbox.execution.launcher import Launcher
+from mocksandbox.execution.world import lite_unavailable_reason
 from mocksandbox.models import RunCodeRequest
 from mocksandbox.runtime.interpreters import find_python
 from mocksandbox.settings import Settings
@@ -65,12 +66,15 @@ def test_the_launcher_runs_programs_on_each_cpython(
 
 
 def test_a_mock_on_the_oldest_cpython_gives_its_runs_a_world(
-    require_or_skip: Callable[[str | None], None],
+    require_or_skip: Callable[[str | None], None], tmp_path: Path
 ) -> None:
     """On CPython 3.8, ``isolation: lite`` passes its start-up run and every protection it asks
     for holds; a run is in a PID namespace of its own (its parent, the relay, is PID 1 there), and its traceback is the program's."""
+    if (reason := lite_unavailable_reason()) is not None:
+        pytest.skip(reason)
     python = _python("3.8", require_or_skip)
-    sandbox = MockSandbox.create(Settings(python=python, isolation="lite", pod_name=None))
+    settings = Settings(python=python, isolation="lite", pod_name=None, tmp_root=str(tmp_path))
+    sandbox = MockSandbox.create(settings)
     try:
         assert (sandbox.engine.isolation.mode, sandbox.engine.isolation.missing()) == ("lite", [])
         code = "import os, sys\nprint(sys.version_info[:2], os.getppid() == 1)\n1/0"
