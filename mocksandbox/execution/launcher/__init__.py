@@ -137,8 +137,7 @@ class Launcher:
         self._idle_world_relays: list[socket.socket] = []
         self._world_relays: set[socket.socket] = set()
         self._relay_cores: dict[socket.socket, int] = {}  # (see _core_now)
-        #: Where relays keep to cores: the runs under way on each core (by their relays' cores),
-        #: the relays they are on, and the cores runs may go to (see :meth:`launch`).
+        #: Where relays keep to cores: runs under way a core, their relays, the cores (see launch).
         self._runs_on_core: dict[int, int] = {}
         self._busy_relays: dict[socket.socket, int] = {}
         self._cores = sorted(os.sched_getaffinity(0)) if self._core_now is not None else []
@@ -237,14 +236,10 @@ class Launcher:
         (A/B, verl-like runs at concurrency 16: -1.4% and -1.4% of a run's CPU in the two orders,
         req/s +4%).
 
-        Unless another core has fewer runs under way: the run then goes to that core (the one
-        with fewest). A relay kept to a core waits for it, and the kernel moves no task it has
-        just run (it is "cache hot") to a core that falls idle: left to the sending threads'
-        cores, which the kernel put where their last wake-up was, the few runs under way at once
-        (``RunGate``) would often share one core while the other idles. On this project's 2-core
-        VM, verl's reward batch with its client on the same cores: -4.5% and -3% of its time
-        (paired A/B medians, 14 and 16 rounds), -5.4% and -3% of the mock's CPU a run; verl-like
-        runs at concurrency 16: -2.4% of a run's CPU."""
+        Unless another core has fewer runs under way: the run goes to the one with fewest. The
+        kernel moves no task it has just run to a core that falls idle, so the few runs under way
+        at once (``RunGate``), sent from wherever their threads last woke, often shared one core
+        while the other idled (verl's reward batch, paired A/B: -4.5% and -3% of its time)."""
         core = self._core_now() if self._core_now is not None else -1
         message = _run_message(request)
         ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
@@ -297,14 +292,10 @@ class Launcher:
         return idle.pop()
 
     def _least_busy(self, core: int) -> int:
-        """``core``, unless another of ours has fewer runs under way: the one with fewest. Call it
-        holding the lock."""
+        """The core of ours with fewest runs under way, ``core`` among equals. Call it holding the
+        lock."""
         counts = self._runs_on_core
-        best = counts.get(core, 0)
-        for other in self._cores:
-            if counts.get(other, 0) < best:
-                core, best = other, counts.get(other, 0)
-        return core
+        return min(self._cores, key=lambda other: (counts.get(other, 0), other != core), default=core)
 
     def _count_run(self, relay: socket.socket, core: int) -> None:
         """A run under way on ``relay``, kept to ``core`` (-1: none). Call it holding the lock."""
