@@ -86,6 +86,7 @@ def serve_overrides(args: argparse.Namespace) -> dict[str, object]:
 def _doctor(args: argparse.Namespace) -> int:
     """``mocksandbox doctor``: the engine ``serve`` would start, its protections table, and stop."""
     from mocksandbox.execution.engine import IsolationError, create_engine
+    from mocksandbox.execution.launcher import LauncherError
     from mocksandbox.execution.protections import format_table, protections
     from mocksandbox.serving.banner import host_lines
     from mocksandbox.settings import SettingsError, load_settings
@@ -97,7 +98,7 @@ def _doctor(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(args.config, overrides=overrides)
         engine, confinement, launcher = create_engine(settings)
-    except (SettingsError, IsolationError) as exc:
+    except (SettingsError, IsolationError, LauncherError) as exc:
         print(f"mocksandbox: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -83,20 +84,26 @@ def test_bad_fault_file_is_a_clear_error(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("command", ["serve", "doctor"])
 @pytest.mark.parametrize("python", ["old", "missing"])
-def test_a_python_the_runs_cannot_start_on_is_a_clear_error(tmp_path: Path, python: str) -> None:
-    """``--python`` naming an interpreter too old for the launcher (one that says it is 3.6.15,
-    as pyenv's does) or none at all: the server does not start, says why, and shows no
-    traceback; it used to start and answer every run -9, or to fail with a traceback."""
+def test_a_python_the_runs_cannot_start_on_is_a_clear_error(
+    tmp_path: Path, python: str, command: str
+) -> None:
+    """The setting ``python`` (``serve --python``) naming an interpreter too old for the launcher
+    (one that says it is 3.6.15, as pyenv's does) or none at all: ``serve`` does not start and
+    ``doctor`` proves nothing; each says why, and shows no traceback. ``serve`` used to start and
+    answer every run -9, or to fail with a traceback; ``doctor`` showed one."""
     path = tmp_path / "python3.6"
     if python == "old":
         path.write_text("#!/bin/sh\necho 3 6 15\n")
         path.chmod(0o755)
+    argv = ["serve", "--port", "0", "--python", str(path)] if command == "serve" else ["doctor"]
     done = subprocess.run(
-        [sys.executable, "-m", "mocksandbox.cli", "serve", "--port", "0", "--python", str(path)],
+        [sys.executable, "-m", "mocksandbox.cli", *argv],
         capture_output=True,
         text=True,
         timeout=60,
+        env={**os.environ, "MOCKSANDBOX_PYTHON": str(path)},
     )
     assert done.returncode == 2, done
     assert done.stderr.startswith("mocksandbox: "), done.stderr

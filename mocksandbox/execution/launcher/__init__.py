@@ -221,7 +221,7 @@ class Launcher:
             oldest = ".".join(map(str, OLDEST_PYTHON))
             raise LauncherError(
                 f"{self.python} is Python {'.'.join(map(str, version))}: runs need CPython {oldest} "
-                "or later (the launcher that starts them runs on it); name another with --python"
+                "or later (the launcher that starts them runs on it): name another (--python, setting python)"
             )
 
     def launch(self, request: Mapping[str, Any], fds: list[int]) -> socket.socket:
