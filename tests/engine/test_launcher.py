@@ -329,6 +329,38 @@ def test_a_source_run_again_runs_under_its_own_file_name(launcher: Launcher, tmp
         assert f'File "{script}", line 8, in <module>' in stderr.decode(), stderr
 
 
+#: A program that looks for a marker (built, so that its own source does not hold it) in every
+#: object it can reach two steps from the collector's: dicts' keys and values, strings and code.
+_FINDS_MARKER = """\
+import gc
+marker = "".join(["MARKER_", "OF_RUN_A"])  # (not folded into one constant by the compiler)
+def holds(thing):
+    if isinstance(thing, str):
+        return thing is not marker and marker in thing
+    return type(thing).__name__ == "code" and marker in repr(thing.co_consts)
+found = False
+for outer in gc.get_objects():
+    for inner in gc.get_referents(outer):
+        near = [inner, *inner.keys(), *inner.values()] if isinstance(inner, dict) else [inner]
+        found = found or any(holds(thing) for thing in near)
+print(found)
+"""
+
+
+def test_a_run_finds_no_code_of_another_run_in_its_relay(launcher: Launcher, tmp_path: Path) -> None:
+    """The relay keeps the code of the last source it compiled, for the next run of the same
+    source; a run of another source finds none of it (nor the source) in what it can reach."""
+    for run, source in enumerate(("print('MARKER_OF_RUN_A')\n", _FINDS_MARKER)):
+        script = tmp_path / f"run{run}" / "program.py"
+        script.parent.mkdir()
+        script.write_text(source)
+        status, stdout, stderr = _whole_run(
+            launcher, _request(tmp_path, "", mode="python", argv=None, file=str(script), source=source)
+        )
+        assert status[:1] == b"P" and status[9:10] == b"S", status
+    assert (stdout, stderr) == (b"False\n", b"")
+
+
 def test_a_large_source_is_not_sent_and_its_program_still_runs(launcher: Launcher, tmp_path: Path) -> None:
     """A run message must fit the socket's buffer: past ``SOURCE_MESSAGE_LIMIT`` the source stays
     behind and the program compiles its file."""

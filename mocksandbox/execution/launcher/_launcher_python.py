@@ -90,13 +90,13 @@ _EVERY_WARNING_AN_ERROR = ("error", None, Warning, None, 0)
 _FILTERS_MUTATED = getattr(_warnings, "_filters_mutated", None)
 
 
-#: The code of the last few sources this relay compiled, by source (the oldest goes first), each
-#: given back under the run's own file name (:func:`_with_filename`). verl and SandboxFusion's
-#: datasets send a program once per test case, the same source with another stdin: a relay that
-#: serves several of them compiles it once (about 40 µs and 50 page faults a run less). Only small
-#: sources are kept: what a relay holds, each program's fork copies.
+#: The code of the last source this relay compiled, by source, given back under the run's own file
+#: name (:func:`_with_filename`). verl and SandboxFusion's datasets send a program once per test
+#: case, the same source with another stdin: a relay that serves them one after another compiles
+#: it once (about 40 µs and 50 page faults a run less). One source only: what the relay holds, its
+#: next program can reach, and a run must not find another run's code there (the program it forks
+#: finds its own). Only a small one: each fork copies it.
 _COMPILED: dict = {}
-_COMPILED_MAX = 8
 _COMPILED_SOURCE_MAX = 8192
 
 
@@ -129,11 +129,12 @@ def _compile_before_fork(path: str, source: "str | None") -> object:
     folding) keep the work on a small source small. A source compiled here before is not compiled
     again (see ``_COMPILED``): what compiles from one file name compiles the same from any other,
     but for the name its code objects carry."""
-    if source is None or _FILTERS_MUTATED is None:
-        return None
     known = _COMPILED.get(source)
     if known is not None:
         return _with_filename(known, path)
+    _COMPILED.clear()  # (another run's code: this run's program must not find it)
+    if source is None or _FILTERS_MUTATED is None:
+        return None
     filters = _warnings.filters
     filters.insert(0, _EVERY_WARNING_AN_ERROR)
     _FILTERS_MUTATED()
@@ -146,8 +147,6 @@ def _compile_before_fork(path: str, source: "str | None") -> object:
             del filters[0]
         _FILTERS_MUTATED()
     if len(source) <= _COMPILED_SOURCE_MAX:
-        if len(_COMPILED) >= _COMPILED_MAX:
-            del _COMPILED[next(iter(_COMPILED))]
         _COMPILED[source] = code
     return code
 

@@ -31,9 +31,11 @@ from _launcher_watch import end_the_run, kill_host_program, say_ended_by_relay, 
 from _launcher_world import World
 
 
-def run_relay(sock: _socket.socket, request: dict, fds: list, ran_fd: int) -> None:
-    """A relay's life: the run it was forked for, then each run the server sends on ``sock``, one
-    at a time, until the server closes it; never returns."""
+def run_relay(sock: _socket.socket, first: list, fds: list, ran_fd: int) -> None:
+    """A relay's life: the run it was forked for (``first``: a list of its request, which this
+    takes out), then each run the server sends on ``sock``, one at a time, until the server closes
+    it; never returns."""
+    request = first.pop()
     _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)  # the launcher ignores it; we must wait
     state.RELAY_SOCKET = sock
     state.RELAY_PID = os.getpid()

@@ -220,7 +220,12 @@ def serve(sock: _socket.socket, baseline_modules: frozenset) -> None:
                     sock.close()
                     os.close(ran_r)
                     relay_sock = _socket.socket(fileno=fds[4])
-                    run_relay(relay_sock, request, fds[:4], ran_w)
+                    # The run goes to the relay in a list it empties, not in this frame's names:
+                    # this frame lives as long as the relay, and its later programs could reach
+                    # this run's request (its source) through it.
+                    first = [request]
+                    request = received = None
+                    run_relay(relay_sock, first, fds[:4], ran_w)
                 except BaseException as exc:
                     say_fault("that ended it", exc)
                     report_launch_error(fds[3], getattr(exc, "errno", None))
