@@ -31,7 +31,8 @@ raise SystemExit(3)
 """
 
 
-def _python(minor: str, require_or_skip: Callable[[str | None], None]) -> str:
+def find_cpython(minor: str, require_or_skip: Callable[[str | None], None]) -> str:
+    """The path of a CPython ``minor`` of this host, or the test skipped (failed in CI) without."""
     found = find_python(minor).found
     require_or_skip(None if found is not None else f"needs a CPython {minor} (pyenv install {minor})")
     assert found is not None
@@ -42,7 +43,7 @@ def _python(minor: str, require_or_skip: Callable[[str | None], None]) -> str:
 def test_the_launcher_runs_programs_on_each_cpython(
     minor: str, require_or_skip: Callable[[str | None], None], tmp_path: Path
 ) -> None:
-    python = _python(minor, require_or_skip)
+    python = find_cpython(minor, require_or_skip)
     launcher = Launcher(python, program_environment(os.environ))
     launcher.start()
     try:
@@ -72,7 +73,7 @@ def test_a_mock_on_the_oldest_cpython_gives_its_runs_a_world(
     for holds; a run is in a PID namespace of its own (its parent, the relay, is PID 1 there), and its traceback is the program's."""
     if (reason := lite_unavailable_reason()) is not None:
         pytest.skip(reason)
-    python = _python("3.8", require_or_skip)
+    python = find_cpython("3.8", require_or_skip)
     settings = Settings(python=python, isolation="lite", pod_name=None, tmp_root=str(tmp_path))
     sandbox = MockSandbox.create(settings)
     try:

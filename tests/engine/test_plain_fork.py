@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 from test_launcher import _whole_run
+from test_launcher_pythons import find_cpython
 
 import mocksandbox.execution.launcher as launcher_package
 from mocksandbox.execution.engine import program_environment
 from mocksandbox.execution.launcher import Launcher
-from mocksandbox.runtime.interpreters import find_python
 
 LAUNCHER_DIR = str(Path(launcher_package.__file__).parent)
 
@@ -52,10 +52,7 @@ print(said)
 @pytest.fixture
 def python_310(require_or_skip: Callable[[str | None], None]) -> str:
     """Production's CPython 3.10, which relays fork plainly."""
-    found = find_python("3.10").found
-    require_or_skip(None if found is not None else "needs a CPython 3.10 (pyenv install 3.10)")
-    assert found is not None
-    return found.path
+    return find_cpython("3.10", require_or_skip)
 
 
 @pytest.fixture
